@@ -1,0 +1,332 @@
+#include "harness.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "collectives/options.h"
+#include "kernels/reduce.h"
+#include "kernels/simd_level.h"
+
+namespace zcoll::bench {
+namespace {
+
+struct Args {
+  std::size_t min_bytes = 4 << 10;
+  std::size_t max_bytes = 64 << 20;
+  double factor = 2.0;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::vector<std::string> algorithms;
+  int root = 0;
+  bool in_place = false;
+  double max_seconds = 30.0;
+  std::string csv;
+};
+
+void print_help(const CollectiveBench& b, const char* prog) {
+  std::printf(
+      "usage: mpirun -n P %s [flags]\n\n"
+      "Measures zcoll's %s against the MPI library's own, side by side, in the manner of\n"
+      "nccl-tests. Each row: median over -n iterations of the slowest rank's time.\n\n"
+      "  -b SIZE    smallest size in bytes (suffixes K, M, G; default 4K)\n"
+      "  -e SIZE    largest size in bytes (default 64M)\n"
+      "  -f FACTOR  multiply the size by FACTOR between rows (default 2)\n"
+      "  -n ITERS   timed iterations per row (default 20)\n"
+      "  -w ITERS   warm-up iterations per row, not timed (default 5)\n"
+      "  -c 0|1     check every result element against the exact answer (default 1);\n"
+      "             the #wrong column counts wrong elements over all ranks, exit status 1 if any\n"
+      "  -d DTYPE   float32 float64 float16 bfloat16 int8 uint8 int32 int64 (default float32)\n"
+      "  -o OP      sum prod min max avg (default sum)%s\n"
+      "  -a ALGOS   comma-separated algorithms: %s, mpi, or all (default all);\n"
+      "             mpi is always measured, as the reference of the vs_mpi column\n"
+      "  -r ROOT    root rank for rooted collectives (default 0)\n"
+      "  -i         in-place (default out-of-place)\n"
+      "  -t SECONDS stop timing a row after this long, keeping the iterations done (default 30);\n"
+      "             the iters column shows how many were timed\n"
+      "  --csv FILE also write the table as CSV (rank 0)\n"
+      "  -h, --help this text\n\n"
+      "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"
+      "busbw = algbw x %s (GB = 1e9 bytes), #wrong, vs_mpi = mpi time / this time.\n"
+      "Environment: ZCOLL_WAIT=spin|yield|auto (how ranks wait), ZCOLL_SIMD=scalar|avx2|avx512.\n",
+      prog, b.name, b.reduces ? "" : " (ignored)", [&] {
+        static std::string s;
+        s.clear();
+        for (const auto& a : b.algorithms) s += (s.empty() ? "" : ", ") + a;
+        return s.c_str();
+      }(),
+      b.bus_factor(4) == 1.0 ? "1" : (b.bus_factor(4) > 1.2 ? "2(p-1)/p" : "(p-1)/p"));
+}
+
+std::size_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "k") v *= 1024;
+  else if (suffix == "M" || suffix == "m") v *= 1024 * 1024;
+  else if (suffix == "G" || suffix == "g") v *= 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) throw std::invalid_argument("bad size '" + s + "' (use e.g. 4096, 64K, 16M)");
+  return static_cast<std::size_t>(v);
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Returns false when --help was given.
+bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
+  std::string algos = "all";
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument("flag " + f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") return false;
+    else if (f == "-b") a.min_bytes = parse_size(value());
+    else if (f == "-e") a.max_bytes = parse_size(value());
+    else if (f == "-f") a.factor = std::stod(value());
+    else if (f == "-n") a.iters = std::stoi(value());
+    else if (f == "-w") a.warmup = std::stoi(value());
+    else if (f == "-c") a.check = std::stoi(value());
+    else if (f == "-d") a.dtype = parse_dtype(value());
+    else if (f == "-o") a.op = parse_op(value());
+    else if (f == "-a") algos = value();
+    else if (f == "-r") a.root = std::stoi(value());
+    else if (f == "-i") a.in_place = true;
+    else if (f == "-t") a.max_seconds = std::stod(value());
+    else if (f == "--csv") a.csv = value();
+    else throw std::invalid_argument("unknown flag '" + f + "' (see --help)");
+  }
+  if (a.factor <= 1.0) throw std::invalid_argument("-f must be > 1");
+  if (a.iters < 1) throw std::invalid_argument("-n must be >= 1");
+  if (a.min_bytes > a.max_bytes) throw std::invalid_argument("-b must not exceed -e");
+  if (b.reduces) validate_op(a.dtype, a.op);
+  for (const auto& name : split_list(algos)) {
+    if (name == "all") {
+      a.algorithms.insert(a.algorithms.end(), b.algorithms.begin(), b.algorithms.end());
+      continue;
+    }
+    if (name != "mpi" && std::find(b.algorithms.begin(), b.algorithms.end(), name) == b.algorithms.end())
+      throw std::invalid_argument("unknown algorithm '" + name + "' for " + b.name + " (see --help)");
+    if (name != "mpi") a.algorithms.push_back(name);
+  }
+  a.algorithms.push_back("mpi");  // always measured: the reference column
+  return true;
+}
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(std::size_t bytes) : ptr(std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64))) {
+    std::memset(ptr, 0, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));  // first touch now, not while timing
+  }
+  ~AlignedBuffer() { std::free(ptr); }
+  void* ptr;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Row {
+  double time_us = 0;
+  long long wrong = 0;
+  int iters = 0;
+};
+
+Row measure(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& algo,
+            Buffers buf, std::size_t count, void* expected, std::size_t out_bytes) {
+  Row row;
+  const int p = comm.size(), rank = comm.rank();
+  const std::size_t in_n = b.in_count(count, p);
+  auto fill = [&] { b.fill_input(buf.in, in_n, a.dtype, a.op, rank, p, a.root); };
+  void* result = a.in_place ? buf.in : buf.out;
+  if (a.check) {
+    fill();
+    if (!a.in_place) std::memset(buf.out, 0xA5, out_bytes);
+    b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
+    b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
+    const std::size_t es = dtype_size(a.dtype);
+    const bool has_result = !(b.rooted && b.reduces && rank != a.root);  // reduce: root only
+    long long wrong = 0;
+    if (has_result)
+      for (std::size_t i = 0; i < out_bytes / es; ++i)
+        wrong += std::memcmp(static_cast<char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
+    MPI_Allreduce(&wrong, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.comm());
+  }
+  fill();
+  for (int i = 0; i < a.warmup; ++i) b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
+  std::vector<double> times;
+  const double start = now();
+  for (int i = 0; i < a.iters; ++i) {
+    barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
+    const double t0 = now();
+    b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
+    times.push_back(now() - t0);
+    // Everyone stops together when rank 0 has spent its time budget on this row.
+    int stop = rank == 0 && now() - start > a.max_seconds;
+    CollectiveOptions bcast;
+    broadcast(comm, &stop, 1, DType::kInt32, bcast);
+    if (stop) break;
+  }
+  std::vector<double> slowest(times.size());
+  MPI_Allreduce(times.data(), slowest.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, comm.comm());
+  std::sort(slowest.begin(), slowest.end());
+  const std::size_t m = slowest.size();
+  row.time_us = 1e6 * (m % 2 ? slowest[m / 2] : 0.5 * (slowest[m / 2 - 1] + slowest[m / 2]));
+  row.iters = static_cast<int>(m);
+  return row;
+}
+
+std::string mpi_library() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, len);
+  const auto nl = s.find('\n');
+  return s.substr(0, nl);
+}
+
+int run(int argc, char** argv, const CollectiveBench& b) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Args a;
+  try {
+    if (!parse_args(argc, argv, b, a)) {
+      if (rank == 0) print_help(b, argv[0]);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 2;
+  }
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int p = comm.size();
+  if (b.rooted && (a.root < 0 || a.root >= p)) {
+    if (rank == 0) std::fprintf(stderr, "%s: root %d out of range for %d ranks\n", argv[0], a.root, p);
+    return 2;
+  }
+  const std::size_t es = dtype_size(a.dtype);
+  const std::size_t max_count = b.round_count(std::max<std::size_t>(a.max_bytes / es, 1), p);
+  AlignedBuffer in(b.in_count(max_count, p) * es), out(b.out_count(max_count, p) * es),
+      expected(b.out_count(max_count, p) * es);
+
+  std::FILE* csv = nullptr;
+  if (rank == 0) {
+    std::printf("# zcoll_%s_perf: %d ranks, %s, dtype %s%s%s, %s, iters %d, warmup %d, wait %s, simd %s\n",
+                b.name, p, mpi_library().c_str(), dtype_name(a.dtype), b.reduces ? ", op " : "",
+                b.reduces ? op_name(a.op) : "", a.in_place ? "in-place" : "out-of-place", a.iters, a.warmup,
+                comm.wait_policy() == WaitPolicy::kYield ? "yield" : "spin",
+                kernels::simd_level_name(kernels::simd_level()));
+    std::printf("# %12s %11s %9s %6s %18s %11s %10s %10s %7s %7s %8s\n", "size", "count", "type", "redop",
+                "algorithm", "time(us)", "algbw", "busbw", "#wrong", "iters", "vs_mpi");
+    std::fflush(stdout);
+    if (!a.csv.empty()) {
+      csv = std::fopen(a.csv.c_str(), "w");
+      if (csv) std::fprintf(csv, "collective,ranks,size,count,type,redop,algorithm,time_us,algbw_gbs,busbw_gbs,wrong,iters,vs_mpi\n");
+    }
+  }
+  long long total_wrong = 0;
+  std::map<std::string, double> busbw_sum;
+  int rows = 0;
+  for (double bytes = static_cast<double>(a.min_bytes); bytes <= static_cast<double>(a.max_bytes) * 1.0000001;
+       bytes *= a.factor) {
+    const std::size_t count = b.round_count(std::max<std::size_t>(static_cast<std::size_t>(bytes) / es, 1), p);
+    const std::size_t size = count * es;
+    Buffers buf{in.ptr, out.ptr};
+    const std::size_t out_bytes = b.out_count(count, p) * es;
+    // mpi first: every other row is compared with it.
+    std::vector<std::pair<std::string, Row>> results;
+    Row mpi = measure(comm, b, a, "mpi", buf, count, expected.ptr, out_bytes);
+    for (const auto& algo : a.algorithms)
+      results.emplace_back(algo, algo == "mpi" ? mpi : measure(comm, b, a, algo, buf, count, expected.ptr, out_bytes));
+    ++rows;
+    for (const auto& [algo, row] : results) {
+      total_wrong += row.wrong;
+      const double algbw = size / (row.time_us * 1e-6) / 1e9;
+      const double busbw = algbw * b.bus_factor(p);
+      busbw_sum[algo] += busbw;
+      if (rank != 0) continue;
+      const char* redop = b.reduces ? op_name(a.op) : "none";
+      std::printf("  %12zu %11zu %9s %6s %18s %11.1f %10.3f %10.3f %7lld %7d %7.2fx\n", size, count,
+                  dtype_name(a.dtype), redop, algo.c_str(), row.time_us, algbw, busbw, row.wrong, row.iters,
+                  mpi.time_us / row.time_us);
+      if (csv)
+        std::fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%s,%.3f,%.6f,%.6f,%lld,%d,%.4f\n", b.name, p, size, count,
+                     dtype_name(a.dtype), redop, algo.c_str(), row.time_us, algbw, busbw, row.wrong, row.iters,
+                     mpi.time_us / row.time_us);
+    }
+    if (rank == 0) std::fflush(stdout);
+  }
+  if (rank == 0) {
+    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+    for (const auto& algo : a.algorithms)
+      std::printf("# Avg bus bandwidth %-18s: %.3f GB/s\n", algo.c_str(), busbw_sum[algo] / std::max(rows, 1));
+    if (csv) std::fclose(csv);
+  }
+  return total_wrong ? 1 : 0;
+}
+
+}  // namespace
+
+double input_value(std::size_t i, int rank, ReduceOp op) {
+  if (op == ReduceOp::kProd) {
+    static const double kPow2[4] = {-2, -1, 1, 2};
+    return kPow2[(i * 5 + static_cast<std::size_t>(rank) * 3) % 4];
+  }
+  return static_cast<double>((i * 13 + static_cast<std::size_t>(rank) * 7) % 17) - 8.0;
+}
+
+void store_value(void* buf, std::size_t i, double v, DType dtype) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>)
+      static_cast<T*>(buf)[i] = from_float<T>(static_cast<float>(v));
+    else if constexpr (std::is_unsigned_v<T>)
+      static_cast<T*>(buf)[i] = static_cast<T>(static_cast<long long>(v));  // wraps like numpy
+    else
+      static_cast<T*>(buf)[i] = static_cast<T>(v);
+  });
+}
+
+void reduce_expected(void* dst, std::size_t dst_index, std::size_t src_index, DType dtype, ReduceOp op, int p) {
+  const std::size_t es = dtype_size(dtype);
+  alignas(8) unsigned char acc[8], next[8];
+  store_value(acc, 0, input_value(src_index, 0, op), dtype);
+  for (int r = 1; r < p; ++r) {
+    store_value(next, 0, input_value(src_index, r, op), dtype);
+    kernels::scalar::reduce(acc, acc, next, 1, dtype, op);
+  }
+  if (op == ReduceOp::kAvg) kernels::scalar::divide(acc, 1, dtype, p);
+  std::memcpy(static_cast<unsigned char*>(dst) + dst_index * es, acc, es);
+}
+
+int run_benchmark(int argc, char** argv, const CollectiveBench& bench) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  int status = 0;
+  try {
+    status = run(argc, argv, bench);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
+  return status;
+}
+
+}  // namespace zcoll::bench

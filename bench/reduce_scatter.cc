@@ -1,0 +1,62 @@
+// zcoll_reduce_scatter_perf: ring reduce-scatter against MPI_Reduce_scatter_block
+// (size = the whole input, a multiple of p elements; busbw factor (p-1)/p).
+#include <climits>
+#include <stdexcept>
+
+#include "collectives/options.h"
+#include "harness.h"
+
+namespace {
+using namespace zcoll;
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    default: return MPI_FLOAT;
+  }
+}
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    default: return MPI_SUM;
+  }
+}
+
+void run(MpiCommunicator& comm, const std::string& algo, bench::Buffers b, std::size_t count, DType dtype,
+         ReduceOp op, int, bool) {
+  const int p = comm.size();
+  if (algo == "mpi") {
+    if (dtype == DType::kFloat16 || dtype == DType::kBFloat16 || op == ReduceOp::kAvg)
+      throw std::invalid_argument("the mpi reference of reduce_scatter supports float32/64 and integers, sum/prod/min/max");
+    MPI_Reduce_scatter_block(b.in, b.out, static_cast<int>(count / p), mpi_type(dtype), mpi_op(op), comm.comm());
+    return;
+  }
+  ReduceOptions o;
+  o.op = op;
+  reduce_scatter(comm, b.in, b.out, count, dtype, o);
+}
+
+void fill_input(void* in, std::size_t n, DType dtype, ReduceOp op, int rank, int, int) {
+  for (std::size_t i = 0; i < n; ++i) bench::store_value(in, i, bench::input_value(i, rank, op), dtype);
+}
+
+void fill_expected(void* e, std::size_t count, DType dtype, ReduceOp op, int rank, int p, int) {
+  const std::size_t begin = block_begin(count, p, rank);
+  for (std::size_t i = 0; i < block_count(count, p, rank); ++i) bench::reduce_expected(e, i, begin + i, dtype, op, p);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::CollectiveBench b{
+      "reduce_scatter", true, false, {"ring"}, [](int p) { return double(p - 1) / p; },
+      [](std::size_t count, int) { return count; }, [](std::size_t count, int p) { return count / p; },
+      [](std::size_t count, int p) { return std::max<std::size_t>(count / p, 1) * p; }, run, fill_input,
+      fill_expected};
+  return bench::run_benchmark(argc, argv, b);
+}

@@ -1,0 +1,45 @@
+// Allreduce entry point: validate, short-circuit one rank, resolve `auto`, dispatch.
+#include <cstring>
+
+#include "collectives/algorithms.h"
+#include "common/check.h"
+#include "kernels/reduce.h"
+
+namespace zcoll {
+
+Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                    const AllreduceOptions& options) {
+  validate_op(dtype, options.op);
+  const std::size_t bytes = count * dtype_size(dtype);
+  ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce: null buffer");
+  if (options.check_args || detail::check_mode_from_env())
+    detail::check_same_call(comm, {0, static_cast<int>(dtype), static_cast<int>(options.op),
+                                   static_cast<long long>(count), 0});
+  comm.stats().collectives += 1;
+  Algorithm algorithm = options.algorithm;
+  if (algorithm == Algorithm::kAuto) algorithm = choose_allreduce_algorithm(bytes, comm.size());
+  if (count == 0) return algorithm;
+  if (algorithm == Algorithm::kMpi) {
+    comm.native_allreduce(in, out, count, dtype, options.op);
+    return algorithm;
+  }
+  if (comm.size() == 1) {
+    if (in != out) std::memcpy(out, in, bytes);
+    return algorithm;
+  }
+  switch (algorithm) {
+    case Algorithm::kRing: allreduce_ring(comm, in, out, count, dtype, options.op, options.pipeline); break;
+    case Algorithm::kTree: allreduce_tree(comm, in, out, count, dtype, options.op, options.pipeline); break;
+    case Algorithm::kRecursiveDoubling:
+      allreduce_recursive_doubling(comm, in, out, count, dtype, options.op, options.pipeline);
+      break;
+    case Algorithm::kHalvingDoubling:
+      allreduce_halving_doubling(comm, in, out, count, dtype, options.op, options.pipeline);
+      break;
+    case Algorithm::kAuto:
+    case Algorithm::kMpi: break;
+  }
+  return algorithm;
+}
+
+}  // namespace zcoll

@@ -1,0 +1,109 @@
+// Entry points of the non-allreduce collectives (validate, one-rank shortcut, dispatch), the
+// algorithm names and the reduce_scatter block layout.
+#include <cstring>
+
+#include "collectives/algorithms.h"
+#include "common/check.h"
+#include "kernels/reduce.h"
+
+namespace zcoll {
+namespace {
+
+constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "tree", "recursive_doubling",
+                                                          "halving_doubling", "mpi"};
+
+enum Collective : long long { kAllreduce = 0, kReduceScatter, kAllgather, kBroadcast, kReduce };
+
+void maybe_check(Communicator& comm, bool requested, detail::CallHeader header) {
+  if (requested || detail::check_mode_from_env()) detail::check_same_call(comm, header);
+}
+
+void require_root(const Communicator& comm, int root) {
+  ZCOLL_REQUIRE(root >= 0 && root < comm.size(), "root ", root, " out of range for ", comm.size(),
+                " ranks (valid: 0..", comm.size() - 1, ")");
+}
+
+}  // namespace
+
+const char* algorithm_name(Algorithm algorithm) {
+  const int i = static_cast<int>(algorithm);
+  ZCOLL_REQUIRE(i >= 0 && i < kNumAlgorithms, "unknown algorithm code ", i);
+  return kAlgorithmNames[i];
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  for (int i = 0; i < kNumAlgorithms; ++i)
+    if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
+  throw std::invalid_argument("unknown algorithm '" + name +
+                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi");
+}
+
+std::size_t block_count(std::size_t count, int parts, int index) {
+  const std::size_t p = static_cast<std::size_t>(parts);
+  return count / p + (static_cast<std::size_t>(index) < count % p ? 1 : 0);
+}
+
+std::size_t block_begin(std::size_t count, int parts, int index) {
+  const std::size_t p = static_cast<std::size_t>(parts), i = static_cast<std::size_t>(index);
+  return i * (count / p) + std::min(i, count % p);
+}
+
+void reduce_scatter(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                    const ReduceOptions& options) {
+  validate_op(dtype, options.op);
+  maybe_check(comm, options.check_args, {kReduceScatter, static_cast<int>(dtype),
+                                         static_cast<int>(options.op), static_cast<long long>(count), 0});
+  comm.stats().collectives += 1;
+  const std::size_t mine = block_count(count, comm.size(), comm.rank());
+  if (count == 0) return;
+  if (comm.size() == 1) {
+    if (in != out) std::memcpy(out, in, mine * dtype_size(dtype));
+    return;
+  }
+  reduce_scatter_ring(comm, in, out, count, dtype, options.op, options.pipeline);
+}
+
+void allgather(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+               const CollectiveOptions& options) {
+  maybe_check(comm, options.check_args, {kAllgather, static_cast<int>(dtype), 0,
+                                         static_cast<long long>(count), 0});
+  comm.stats().collectives += 1;
+  if (count == 0) return;
+  if (comm.size() == 1) {
+    if (in != out) std::memmove(out, in, count * dtype_size(dtype));
+    return;
+  }
+  allgather_ring(comm, in, out, count, dtype, options.pipeline);
+}
+
+void broadcast(Communicator& comm, void* buf, std::size_t count, DType dtype,
+               const CollectiveOptions& options) {
+  require_root(comm, options.root);
+  maybe_check(comm, options.check_args, {kBroadcast, static_cast<int>(dtype), 0,
+                                         static_cast<long long>(count), options.root});
+  comm.stats().collectives += 1;
+  if (count == 0 || comm.size() == 1) return;
+  broadcast_tree(comm, buf, count, dtype, options.root, options.pipeline);
+}
+
+void reduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+            const ReduceOptions& options) {
+  validate_op(dtype, options.op);
+  require_root(comm, options.root);
+  maybe_check(comm, options.check_args, {kReduce, static_cast<int>(dtype), static_cast<int>(options.op),
+                                         static_cast<long long>(count), options.root});
+  comm.stats().collectives += 1;
+  if (count == 0) return;
+  if (comm.size() == 1) {
+    if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
+    return;
+  }
+  reduce_tree(comm, in, out, count, dtype, options.op, options.root, options.pipeline);
+}
+
+void barrier(Communicator& comm) {
+  comm.stats().collectives += 1;
+  if (comm.size() > 1) barrier_dissemination(comm);
+}
+
+}  // namespace zcoll

@@ -1,0 +1,62 @@
+// The transport interface every algorithm is written against (Gloo's transport/ split): ranks,
+// non-blocking point-to-point and a reusable scratch buffer. MPI is one implementation
+// (mpi_communicator.h); a shared-memory or GPU transport can be added without touching the
+// algorithms.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace zcoll {
+
+// An in-flight send or receive. The transport owns the meaning of `handle`.
+struct Request {
+  std::uint64_t handle = 0;
+  bool active = false;
+};
+
+// Traffic counters, per communicator, for benchmarks and (later) monitoring.
+struct CommStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t messages_sent = 0;
+  std::uint64_t collectives = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Messages between one pair of ranks with one tag arrive in the order they were sent.
+  virtual Request isend(const void* buf, std::size_t bytes, int peer, int tag) = 0;
+  virtual Request irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
+  virtual void wait(Request& request) = 0;
+  void wait_all(std::vector<Request>& requests) {
+    for (auto& r : requests) wait(r);
+    requests.clear();
+  }
+  void sendrecv(const void* send_buf, std::size_t send_bytes, int dst, void* recv_buf,
+                std::size_t recv_bytes, int src, int tag);
+
+  // The transport's own allreduce (MPI_Allreduce for MPI), offered as algorithm "mpi" so that
+  // users and benchmarks can compare side by side. Transports without one throw.
+  virtual void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
+                                ReduceOp op);
+
+  // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
+  void* scratch(std::size_t bytes, int slot = 0);
+
+  CommStats& stats() { return stats_; }
+
+ protected:
+  CommStats stats_;
+
+ private:
+  std::vector<std::vector<unsigned char>> scratch_;
+};
+
+}  // namespace zcoll

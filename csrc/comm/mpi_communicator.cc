@@ -1,0 +1,187 @@
+#include "comm/mpi_communicator.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "kernels/reduce.h"
+
+namespace zcoll {
+namespace {
+
+static_assert(sizeof(MPI_Request) <= sizeof(std::uint64_t), "MPI_Request must fit a Request handle");
+
+std::uint64_t to_handle(MPI_Request r) {
+  std::uint64_t h = 0;
+  std::memcpy(&h, &r, sizeof(r));
+  return h;
+}
+MPI_Request from_handle(std::uint64_t h) {
+  MPI_Request r;
+  std::memcpy(&r, &h, sizeof(r));
+  return r;
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+WaitPolicy choose_wait_policy(int local_ranks) {
+  const char* env = std::getenv("ZCOLL_WAIT");
+  const std::string v = env ? env : "auto";
+  if (v == "spin") return WaitPolicy::kSpin;
+  if (v == "yield") return WaitPolicy::kYield;
+  ZCOLL_REQUIRE(v == "auto", "ZCOLL_WAIT must be spin, yield or auto, got '", v, "'");
+  return local_ranks > cpus_available() ? WaitPolicy::kYield : WaitPolicy::kSpin;
+}
+
+int to_int_count(std::size_t bytes) {
+  ZCOLL_CHECK_LE(bytes, static_cast<std::size_t>(INT_MAX), "one message must stay below 2 GiB");
+  return static_cast<int>(bytes);
+}
+
+// MPI has no predefined half-precision types, so float16/bfloat16 travel as 2-byte elements
+// reduced by a user-defined op that calls zcoll's own kernel (same rounding as ours).
+template <ReduceOp kOp, DType kType>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  kernels::reduce(inout, in, inout, static_cast<std::size_t>(*len), kType, kOp);
+}
+
+MPI_Datatype half_datatype() {
+  static MPI_Datatype type = [] {
+    MPI_Datatype t;
+    ZCOLL_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &t));
+    ZCOLL_MPI_CHECK(MPI_Type_commit(&t));
+    return t;
+  }();
+  return type;
+}
+
+template <DType kType>
+MPI_Op half_mpi_op(ReduceOp op) {
+  static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  static MPI_User_function* fns[4] = {half_op<ReduceOp::kSum, kType>, half_op<ReduceOp::kProd, kType>,
+                                      half_op<ReduceOp::kMin, kType>, half_op<ReduceOp::kMax, kType>};
+  const int i = op == ReduceOp::kAvg ? 0 : static_cast<int>(op);
+  if (ops[i] == MPI_OP_NULL) ZCOLL_MPI_CHECK(MPI_Op_create(fns[i], /*commute=*/1, &ops[i]));
+  return ops[i];
+}
+
+MPI_Datatype mpi_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kFloat16:
+    case DType::kBFloat16: break;
+  }
+  return half_datatype();
+}
+
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  if (dtype == DType::kFloat16) return half_mpi_op<DType::kFloat16>(op);
+  if (dtype == DType::kBFloat16) return half_mpi_op<DType::kBFloat16>(op);
+  switch (op) {
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: break;
+  }
+  return MPI_SUM;
+}
+
+}  // namespace
+
+void mpi_check(int rc, const char* call, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(detail::concat(file, ":", line, ": ", call, " failed: ", std::string(text, len)));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  ZCOLL_REQUIRE(initialized, "MPI is not initialised: call MPI_Init (or import mpi4py.MPI) first");
+  ZCOLL_REQUIRE(parent != MPI_COMM_NULL, "cannot build a communicator from MPI_COMM_NULL");
+  ZCOLL_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  ZCOLL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  ZCOLL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  MPI_Comm local;
+  ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  ZCOLL_MPI_CHECK(MPI_Comm_size(local, &local_size_));
+  ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
+  wait_policy_ = choose_wait_policy(local_size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  try {
+    free();
+  } catch (...) {
+  }
+}
+
+void MpiCommunicator::free() {
+  if (comm_ == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int tag) {
+  MPI_Request r;
+  ZCOLL_MPI_CHECK(MPI_Isend(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
+  stats_.bytes_sent += bytes;
+  stats_.messages_sent += 1;
+  return Request{to_handle(r), true};
+}
+
+Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
+  MPI_Request r;
+  ZCOLL_MPI_CHECK(MPI_Irecv(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
+  return Request{to_handle(r), true};
+}
+
+void MpiCommunicator::wait(Request& request) {
+  if (!request.active) return;
+  MPI_Request r = from_handle(request.handle);
+  if (wait_policy_ == WaitPolicy::kSpin) {
+    ZCOLL_MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
+  } else {
+    // Poll a little (the peer may be about to answer), then give the core away between polls.
+    constexpr int kPollsBeforeYield = 64;
+    int done = 0;
+    for (int polls = 0;; ++polls) {
+      ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+      if (done) break;
+      if (polls >= kPollsBeforeYield) sched_yield();
+    }
+  }
+  request.active = false;
+}
+
+void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
+                                       ReduceOp op) {
+  const void* send = in == out ? MPI_IN_PLACE : in;
+  ZCOLL_CHECK_LE(count, static_cast<std::size_t>(INT_MAX), "MPI_Allreduce count");
+  ZCOLL_MPI_CHECK(MPI_Allreduce(send, out, static_cast<int>(count), mpi_datatype(dtype),
+                                mpi_op(dtype, op), comm_));
+  if (op == ReduceOp::kAvg) kernels::divide(out, count, dtype, size_);
+  stats_.bytes_sent += 2 * count * dtype_size(dtype) * static_cast<std::size_t>(size_ - 1) / size_;
+}
+
+}  // namespace zcoll

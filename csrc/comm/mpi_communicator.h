@@ -1,0 +1,51 @@
+// Communicator over MPI point-to-point. Duplicates the caller's MPI_Comm, so zcoll's messages
+// never match the caller's; never calls MPI_Init (the caller, mpi4py or a benchmark main does).
+//
+// Waiting: MPI_Wait in MPICH busy-polls, which is fastest with a core per rank and ruinous when
+// ranks outnumber cores (a spinning rank steals the core its peer needs to make progress). So
+// wait() polls MPI_Test and, after a bounded number of polls, calls sched_yield() between polls.
+// The policy comes from ZCOLL_WAIT=spin|yield|auto (default auto: yield-after-spin when the
+// ranks on this node outnumber its cores, spin otherwise).
+#pragma once
+#include <mpi.h>
+
+#include "comm/communicator.h"
+
+namespace zcoll {
+
+enum class WaitPolicy : int { kSpin = 0, kYield = 1 };
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm parent);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Request isend(const void* buf, std::size_t bytes, int peer, int tag) override;
+  Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
+  void wait(Request& request) override;
+  void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
+                        ReduceOp op) override;
+
+  MPI_Comm comm() const { return comm_; }
+  WaitPolicy wait_policy() const { return wait_policy_; }
+  int local_size() const { return local_size_; }
+  // Releases the MPI communicator now (also done by the destructor while MPI is alive).
+  void free();
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_size_ = 1;
+  WaitPolicy wait_policy_ = WaitPolicy::kSpin;
+};
+
+// Throws zcoll::Error with file, line, the call and MPI's error string when rc != MPI_SUCCESS.
+void mpi_check(int rc, const char* call, const char* file, int line);
+#define ZCOLL_MPI_CHECK(call) ::zcoll::mpi_check((call), #call, __FILE__, __LINE__)
+
+}  // namespace zcoll

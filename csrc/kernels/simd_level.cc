@@ -1,0 +1,61 @@
+#include "kernels/simd_level.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace zcoll::kernels {
+namespace {
+
+SimdLevel detect() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+    return SimdLevel::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return SimdLevel::kAvx2;
+#endif
+  return SimdLevel::kScalar;
+}
+
+SimdLevel from_env(SimdLevel cpu) {
+  const char* env = std::getenv("ZCOLL_SIMD");
+  if (env == nullptr) return cpu;
+  SimdLevel wanted = cpu;
+  if (std::strcmp(env, "scalar") == 0) wanted = SimdLevel::kScalar;
+  if (std::strcmp(env, "avx2") == 0) wanted = SimdLevel::kAvx2;
+  if (std::strcmp(env, "avx512") == 0) wanted = SimdLevel::kAvx512;
+  return wanted < cpu ? wanted : cpu;
+}
+
+std::atomic<int>& current() {
+  static std::atomic<int> level{static_cast<int>(from_env(detect()))};
+  return level;
+}
+
+}  // namespace
+
+SimdLevel detected_simd_level() {
+  static const SimdLevel cpu = detect();
+  return cpu;
+}
+
+SimdLevel simd_level() { return static_cast<SimdLevel>(current().load(std::memory_order_relaxed)); }
+
+void set_simd_level(SimdLevel level) {
+  const SimdLevel cpu = detected_simd_level();
+  current().store(static_cast<int>(level < cpu ? level : cpu));
+}
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kScalar: break;
+  }
+  return "scalar";
+}
+
+}  // namespace zcoll::kernels
