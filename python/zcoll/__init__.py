@@ -1,0 +1,34 @@
+"""zcoll: compiled collective communication over MPI for distributed training.
+
+    import zcoll
+    comm = zcoll.Communicator()             # MPI.COMM_WORLD, duplicated
+    comm.allreduce(grad, op="avg", out=grad)
+"""
+from . import _C
+from ._C import MismatchError, ZcollError
+from .communicator import ALGORITHMS, OPS, Communicator
+
+__version__ = _C.__version__
+
+
+def choose_algorithm(nbytes: int, ranks: int) -> str:
+    """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`."""
+    return _C.choose_allreduce_algorithm(nbytes, ranks)
+
+
+def block_range(count: int, ranks: int, rank: int) -> range:
+    """The element range reduce_scatter leaves on `rank`."""
+    begin = _C.block_begin(count, ranks, rank)
+    return range(begin, begin + _C.block_count(count, ranks, rank))
+
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "Communicator",
+    "MismatchError",
+    "ZcollError",
+    "__version__",
+    "block_range",
+    "choose_algorithm",
+]

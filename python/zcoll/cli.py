@@ -1,0 +1,28 @@
+"""The `zcoll` command: information about this installation (more subcommands follow)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _info(_args: argparse.Namespace) -> int:
+    from . import _C, __version__
+
+    print(f"zcoll {__version__}")
+    print(f"MPI: {_C.mpi_library_version().splitlines()[0].strip()}")
+    print(f"SIMD: {_C.simd_level()} (detected {_C.detected_simd_level()}; override with ZCOLL_SIMD)")
+    print(f"CUDA kernels built: {_C.with_cuda}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zcoll", description="zcoll collective communication tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
+    p.set_defaults(func=_info)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
