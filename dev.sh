@@ -31,6 +31,7 @@ setup() {
   exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9  # one build at a time per machine
   python -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v "^WARNING: Location" >&2 || {
     echo "build failed: rerun with 'pip install -v --no-build-isolation .' to see why" >&2; exit 1; }
+  exec 9>&-
 }
 
 case "${1:-}" in
