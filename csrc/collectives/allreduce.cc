@@ -17,7 +17,8 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
                                    static_cast<long long>(count), 0});
   comm.stats().collectives += 1;
   Algorithm algorithm = options.algorithm;
-  if (algorithm == Algorithm::kAuto) algorithm = choose_allreduce_algorithm(bytes, comm.size());
+  if (algorithm == Algorithm::kAuto)
+    algorithm = choose_allreduce_algorithm(bytes, comm.size(), comm.has_native_allreduce() && !comm.oversubscribed());
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {
     comm.native_allreduce(in, out, count, dtype, options.op);

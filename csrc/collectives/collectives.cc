@@ -1,5 +1,6 @@
 // Entry points of the non-allreduce collectives (validate, one-rank shortcut, dispatch), the
 // algorithm names and the reduce_scatter block layout.
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/algorithms.h"
@@ -24,6 +25,24 @@ void require_root(const Communicator& comm, int root) {
 }
 
 }  // namespace
+
+std::size_t default_segment_bytes() {
+  static const std::size_t bytes = [] {
+    const char* v = std::getenv("ZCOLL_SEGMENT_BYTES");
+    const long long n = v ? std::atoll(v) : 0;
+    return n > 0 ? static_cast<std::size_t>(n) : kDefaultSegmentBytes;
+  }();
+  return bytes;
+}
+
+int default_pipeline_depth() {
+  static const int depth = [] {
+    const char* v = std::getenv("ZCOLL_PIPELINE_DEPTH");
+    const int n = v ? std::atoi(v) : 0;
+    return n > 0 ? n : kDefaultPipelineDepth;
+  }();
+  return depth;
+}
 
 const char* algorithm_name(Algorithm algorithm) {
   const int i = static_cast<int>(algorithm);

@@ -31,6 +31,10 @@ struct PipelineOptions {
 };
 inline constexpr std::size_t kDefaultSegmentBytes = 128 * 1024;
 inline constexpr int kDefaultPipelineDepth = 4;
+// The defaults in force: the constants above unless ZCOLL_SEGMENT_BYTES / ZCOLL_PIPELINE_DEPTH
+// are set (read once), for tuning without rebuilding.
+std::size_t default_segment_bytes();
+int default_pipeline_depth();
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
@@ -83,6 +87,7 @@ std::size_t block_begin(std::size_t count, int parts, int index);
 std::size_t block_count(std::size_t count, int parts, int index);
 
 // The choice `auto` makes for a message of `bytes` on `ranks` ranks (table in auto_select.cc).
-Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks);
+// native_fast: the transport's own allreduce is available and not crippled by oversubscription.
+Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, bool native_fast);
 
 }  // namespace zcoll

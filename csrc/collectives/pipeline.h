@@ -17,7 +17,7 @@
 // in cache while it is reduced.
 #pragma once
 #include <cstddef>
-#include <deque>
+#include <algorithm>
 
 #include "collectives/options.h"
 #include "comm/communicator.h"
@@ -39,7 +39,7 @@ inline Range split(Range whole, std::size_t parts, std::size_t i) {
 
 // Number of segments so that no segment of a `count`-element block exceeds the segment size.
 inline std::size_t num_segments(std::size_t count, std::size_t elem_size, const PipelineOptions& o) {
-  const std::size_t seg = o.max_segment_bytes ? o.max_segment_bytes : kDefaultSegmentBytes;
+  const std::size_t seg = o.max_segment_bytes ? o.max_segment_bytes : default_segment_bytes();
   const std::size_t seg_elems = seg / elem_size ? seg / elem_size : 1;
   const std::size_t n = (count + seg_elems - 1) / seg_elems;
   return n ? n : 1;
@@ -48,7 +48,7 @@ inline std::size_t num_segments(std::size_t count, std::size_t elem_size, const 
 // a mod p in [0, p), for rank arithmetic around a ring.
 inline int mod(int a, int p) { return ((a % p) + p) % p; }
 
-inline int pipeline_depth(const PipelineOptions& o) { return o.depth > 0 ? o.depth : kDefaultPipelineDepth; }
+inline int pipeline_depth(const PipelineOptions& o) { return o.depth > 0 ? o.depth : default_pipeline_depth(); }
 
 struct Unit {
   const void* send = nullptr;
@@ -67,11 +67,14 @@ template <typename Schedule>
 void run_pipeline(Communicator& comm, Schedule& schedule, std::size_t num_units,
                   std::size_t max_recv_bytes, const PipelineOptions& options, int tag) {
   if (num_units == 0) return;
-  const std::size_t depth = static_cast<std::size_t>(pipeline_depth(options));
+  constexpr std::size_t kMaxDepth = 16;
+  const std::size_t depth = std::min<std::size_t>(pipeline_depth(options), kMaxDepth);
   auto* slots = static_cast<unsigned char*>(comm.scratch(depth * max_recv_bytes, /*slot=*/0));
-  std::vector<Request> recvs(depth);
-  std::vector<void*> recv_ptr(depth, nullptr);
-  std::deque<Request> sends;
+  // Fixed-size rings instead of containers: a small message must not pay for allocations.
+  Request recvs[kMaxDepth];
+  void* recv_ptr[kMaxDepth] = {};
+  Request sends[2 * kMaxDepth];
+  std::size_t sends_begin = 0, sends_end = 0;  // ring of outstanding sends
   Request overlapping_send;
 
   auto post_recv = [&](std::size_t u) {
@@ -88,15 +91,13 @@ void run_pipeline(Communicator& comm, Schedule& schedule, std::size_t num_units,
   for (std::size_t u = 0; u < num_units; ++u) {
     const Unit unit = schedule.unit(u);
     if (unit.send_bytes) {
-      if (sends.size() >= 2 * depth) {
-        comm.wait(sends.front());
-        sends.pop_front();
-      }
       Request r = comm.isend(unit.send, unit.send_bytes, unit.dst, tag);
-      if (unit.send_overlaps_result)
+      if (unit.send_overlaps_result) {
         overlapping_send = r;
-      else
-        sends.push_back(r);
+      } else {
+        if (sends_end - sends_begin == 2 * depth) comm.wait(sends[sends_begin++ % (2 * depth)]);
+        sends[sends_end++ % (2 * depth)] = r;
+      }
     }
     const std::size_t s = u % depth;
     comm.wait(recvs[s]);
@@ -104,7 +105,7 @@ void run_pipeline(Communicator& comm, Schedule& schedule, std::size_t num_units,
     if (unit.recv_bytes && !unit.recv_into) schedule.on_received(u, recv_ptr[s]);
     post_recv(u + depth);
   }
-  for (auto& r : sends) comm.wait(r);
+  while (sends_begin != sends_end) comm.wait(sends[sends_begin++ % (2 * depth)]);
 }
 
 // Tags keep the phases of one call apart; calls on one communicator are ordered, so

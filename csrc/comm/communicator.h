@@ -46,6 +46,9 @@ class Communicator {
   // users and benchmarks can compare side by side. Transports without one throw.
   virtual void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                                 ReduceOp op);
+  virtual bool has_native_allreduce() const { return false; }
+  // More ranks than cores on a node: waits yield, and busy-polling libraries collapse.
+  virtual bool oversubscribed() const { return false; }
 
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, int slot = 0);

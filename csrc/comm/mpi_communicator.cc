@@ -33,13 +33,13 @@ int cpus_available() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-WaitPolicy choose_wait_policy(int local_ranks) {
+WaitPolicy choose_wait_policy(bool oversubscribed) {
   const char* env = std::getenv("ZCOLL_WAIT");
   const std::string v = env ? env : "auto";
   if (v == "spin") return WaitPolicy::kSpin;
   if (v == "yield") return WaitPolicy::kYield;
   ZCOLL_REQUIRE(v == "auto", "ZCOLL_WAIT must be spin, yield or auto, got '", v, "'");
-  return local_ranks > cpus_available() ? WaitPolicy::kYield : WaitPolicy::kSpin;
+  return oversubscribed ? WaitPolicy::kYield : WaitPolicy::kSpin;
 }
 
 int to_int_count(std::size_t bytes) {
@@ -124,7 +124,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   ZCOLL_MPI_CHECK(MPI_Comm_size(local, &local_size_));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
-  wait_policy_ = choose_wait_policy(local_size_);
+  oversubscribed_ = local_size_ > cpus_available();
+  wait_policy_ = choose_wait_policy(oversubscribed_);
 }
 
 MpiCommunicator::~MpiCommunicator() {

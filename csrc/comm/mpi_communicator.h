@@ -29,6 +29,8 @@ class MpiCommunicator final : public Communicator {
   void wait(Request& request) override;
   void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                         ReduceOp op) override;
+  bool has_native_allreduce() const override { return true; }
+  bool oversubscribed() const override { return oversubscribed_; }
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
@@ -42,6 +44,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int local_size_ = 1;
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
+  bool oversubscribed_ = false;
 };
 
 // Throws zcoll::Error with file, line, the call and MPI's error string when rc != MPI_SUCCESS.

@@ -11,9 +11,10 @@ from .communicator import ALGORITHMS, OPS, Communicator
 __version__ = _C.__version__
 
 
-def choose_algorithm(nbytes: int, ranks: int) -> str:
-    """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`."""
-    return _C.choose_allreduce_algorithm(nbytes, ranks)
+def choose_algorithm(nbytes: int, ranks: int, oversubscribed: bool = False) -> str:
+    """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`
+    (with more ranks than cores on a node, it never picks MPI's own, which busy-spins)."""
+    return _C.choose_allreduce_algorithm(nbytes, ranks, not oversubscribed)
 
 
 def block_range(count: int, ranks: int, rank: int) -> range:
