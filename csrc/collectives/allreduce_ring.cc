@@ -1,25 +1,76 @@
 // Ring allreduce (reduce-scatter + allgather; Baidu / Horovod / NCCL ring).
 //
 // Purpose: bandwidth-optimal allreduce for large messages.
-// Phases:  1. ring_reduce_scatter_phase (shift 0): step 0 sends from `in`, every reduction
-//             writes OP(incoming, in) into `out`, so out-of-place needs no initial copy; rank r
-//             ends owning fully reduced chunk r+1 (divided by p for avg).
-//          2. ring_allgather_phase (shift 1): the owned chunks circulate into `out`.
+// Phases:  1. reduce-scatter steps 0 .. p-3 (shift 0): step 0 sends from `in`, every reduction
+//             writes OP(incoming, in) into `out`, so out-of-place needs no initial copy;
+//          2. per segment j: the last reduce-scatter step finishes segment j of the owned chunk
+//             (r+1; divided by p for avg), and the p-1 allgather steps of segment j follow at
+//             once, while it is still in cache, instead of after every other segment.
 //          Each chunk is reduced by one fixed sequence of ranks and then copied, so every rank
 //          ends with the same bits.
 // Cost:    2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S gamma.
-#include "collectives/pipeline.h"
+#include "collectives/algorithms.h"
 #include "collectives/ring.h"
 
 namespace zcoll {
+namespace {
+
+class RingAllreduce {
+ public:
+  RingAllreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                const PipelineOptions& o)
+      : p_(comm.size()),
+        rs_(comm, in, out, final_chunk(comm, out, count, dtype), count, dtype, op, /*shift=*/0, o),
+        ag_(comm, out, count, dtype, /*shift=*/1, o),
+        nseg_(rs_.num_segments()) {}
+
+  std::size_t num_units() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
+  std::size_t max_segment_bytes() const { return rs_.max_segment_bytes(); }
+
+  detail::Unit unit(std::size_t u) const {
+    const Where w = where(u);
+    return w.reduce ? rs_.unit(w.step, w.seg) : ag_.unit(w.step, w.seg);
+  }
+  void on_received(std::size_t u, const void* data) {
+    const Where w = where(u);
+    if (w.reduce) rs_.on_received(w.step, w.seg, data);
+  }
+
+ private:
+  struct Where {
+    bool reduce;
+    int step;
+    std::size_t seg;
+  };
+
+  static void* final_chunk(Communicator& comm, void* out, std::size_t count, DType dtype) {
+    const int owned = detail::mod(comm.rank() + 1, comm.size());
+    return static_cast<unsigned char*>(out) + block_begin(count, comm.size(), owned) * dtype_size(dtype);
+  }
+
+  // Units 0 .. (p-2)*nseg-1: reduce-scatter steps 0..p-3, step-major. Then one block of p units
+  // per segment: the last reduce-scatter step, then allgather steps 0..p-2.
+  Where where(std::size_t u) const {
+    const std::size_t head = static_cast<std::size_t>(p_ - 2) * nseg_;
+    if (u < head) return {true, static_cast<int>(u / nseg_), u % nseg_};
+    const std::size_t v = u - head, seg = v / p_;
+    const int k = static_cast<int>(v % p_);
+    return k == 0 ? Where{true, p_ - 2, seg} : Where{false, k - 1, seg};
+  }
+
+  int p_;
+  detail::RingReduceScatterSteps rs_;
+  detail::RingAllgatherSteps ag_;
+  std::size_t nseg_;
+};
+
+}  // namespace
 
 void allreduce_ring(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     ReduceOp op, const PipelineOptions& pipeline) {
-  const int p = comm.size();
-  const int owned = detail::mod(comm.rank() + 1, p);
-  auto* final_chunk = static_cast<unsigned char*>(out) + block_begin(count, p, owned) * dtype_size(dtype);
-  detail::ring_reduce_scatter_phase(comm, in, out, final_chunk, count, dtype, op, /*shift=*/0, pipeline);
-  detail::ring_allgather_phase(comm, out, count, dtype, /*shift=*/1, pipeline);
+  RingAllreduce schedule(comm, in, out, count, dtype, op, pipeline);
+  detail::run_pipeline(comm, schedule, schedule.num_units(), schedule.max_segment_bytes(), pipeline,
+                       detail::kTagRingReduceScatter);
 }
 
 }  // namespace zcoll

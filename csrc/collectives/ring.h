@@ -1,7 +1,8 @@
 // The two phases of a ring, shared by ring allreduce, reduce_scatter and allgather.
 //
-// The buffer of `count` elements is cut into p chunks (chunk c = split(count, p, c)); each
-// chunk into segments of at most max_segment_bytes. Rank r sends to r+1 and receives from r-1.
+// The buffer of `count` elements is cut into p chunks (chunk c = block c of count, see
+// block_begin/block_count); each chunk into nseg segments of at most max_segment_bytes.
+// Rank r sends to r+1 and receives from r-1. A (step, segment) pair is one pipeline unit.
 #pragma once
 #include <cstddef>
 
@@ -11,20 +12,60 @@
 
 namespace zcoll::detail {
 
-// Reduce-scatter phase: p-1 steps; at step s rank r sends chunk (r - s + shift) and reduces the
-// incoming chunk (r - s - 1 + shift) into it as OP(incoming, in). Partial results go to
-// `partial` (a count-element buffer, indexed like `in`; may be `out` itself), the fully reduced
-// chunk (r + shift + 1 - p, i.e. chunk r + shift + 1) to `final_chunk`. With op avg the final
-// chunk is divided by p in the same pass.
+// Reduce-scatter steps: at step s rank r sends chunk (r - s + shift) and reduces the incoming
+// chunk (r - s - 1 + shift) into it as OP(incoming, in). Partial results go to `partial` (a
+// count-element buffer indexed like `in`; may be `out` itself), the chunk finished at the last
+// step (chunk r + shift + 1) to `final_chunk`, divided by p for avg in the same pass.
 // Cost: (p-1) steps, (p-1)/p * S bytes sent and reduced per rank.
+class RingReduceScatterSteps {
+ public:
+  RingReduceScatterSteps(Communicator& comm, const void* in, void* partial, void* final_chunk,
+                         std::size_t count, DType dtype, ReduceOp op, int shift, const PipelineOptions& o);
+  std::size_t num_segments() const { return nseg_; }
+  std::size_t max_segment_bytes() const;
+  Unit unit(int step, std::size_t seg) const;
+  void on_received(int step, std::size_t seg, const void* data);
+
+ private:
+  Range segment(int chunk, std::size_t j) const;
+
+  const unsigned char* in_;
+  unsigned char* partial_;
+  unsigned char* final_;
+  std::size_t count_;
+  DType dtype_;
+  ReduceOp op_;
+  std::size_t es_;
+  int rank_, p_, shift_;
+  std::size_t nseg_;
+};
+
+// Allgather steps: rank r starts with chunk (r + shift) of `buf`; at step s it sends chunk
+// (r - s + shift) and receives chunk (r - s - 1 + shift) straight into `buf`.
+// Cost: (p-1) steps, (p-1)/p * S bytes sent per rank.
+class RingAllgatherSteps {
+ public:
+  RingAllgatherSteps(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
+                     const PipelineOptions& o);
+  std::size_t num_segments() const { return nseg_; }
+  std::size_t max_segment_bytes() const;
+  Unit unit(int step, std::size_t seg) const;
+
+ private:
+  Range segment(int chunk, std::size_t j) const;
+
+  unsigned char* buf_;
+  std::size_t count_;
+  std::size_t es_;
+  int rank_, p_, shift_;
+  std::size_t nseg_;
+};
+
+// The phases on their own, step after step (reduce_scatter and allgather collectives).
 void ring_reduce_scatter_phase(Communicator& comm, const void* in, void* partial, void* final_chunk,
                                std::size_t count, DType dtype, ReduceOp op, int shift,
                                const PipelineOptions& pipeline);
-
-// Allgather phase: rank r holds chunk (r + shift) of `buf`; after p-1 steps every rank holds
-// all chunks. Cost: (p-1) steps, (p-1)/p * S bytes sent per rank, received in place.
 void ring_allgather_phase(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
                           const PipelineOptions& pipeline);
-
 
 }  // namespace zcoll::detail
