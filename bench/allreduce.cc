@@ -26,7 +26,7 @@ std::size_t same(std::size_t count, int) { return count; }
 
 int main(int argc, char** argv) {
   const bench::CollectiveBench b{
-      "allreduce", true, false, {"ring", "tree", "recursive_doubling", "halving_doubling", "auto"},
+      "allreduce", true, false, {"ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"},
       [](int p) { return 2.0 * (p - 1) / p; }, same, same, same, run, fill_input, fill_expected};
   return bench::run_benchmark(argc, argv, b);
 }

@@ -148,48 +148,68 @@ struct Row {
   int iters = 0;
 };
 
-Row measure(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& algo,
-            Buffers buf, std::size_t count, void* expected, std::size_t out_bytes) {
-  Row row;
+// Runs once on fresh inputs and counts wrong elements over all ranks.
+long long check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& algo,
+                     Buffers buf, std::size_t count, void* expected, std::size_t out_bytes) {
   const int p = comm.size(), rank = comm.rank();
-  const std::size_t in_n = b.in_count(count, p);
-  auto fill = [&] { b.fill_input(buf.in, in_n, a.dtype, a.op, rank, p, a.root); };
-  void* result = a.in_place ? buf.in : buf.out;
-  if (a.check) {
-    fill();
-    if (!a.in_place) std::memset(buf.out, 0xA5, out_bytes);
-    b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
-    b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
-    const std::size_t es = dtype_size(a.dtype);
-    const bool has_result = !(b.rooted && b.reduces && rank != a.root);  // reduce: root only
-    long long wrong = 0;
-    if (has_result)
-      for (std::size_t i = 0; i < out_bytes / es; ++i)
-        wrong += std::memcmp(static_cast<char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
-    MPI_Allreduce(&wrong, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.comm());
-  }
-  fill();
-  for (int i = 0; i < a.warmup; ++i) b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
-  std::vector<double> times;
+  b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+  if (!a.in_place) std::memset(buf.out, 0xA5, out_bytes);
+  b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
+  b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
+  const std::size_t es = dtype_size(a.dtype);
+  const void* result = a.in_place ? buf.in : buf.out;
+  const bool has_result = !(b.rooted && b.reduces && rank != a.root);  // reduce: root only
+  long long wrong = 0, total = 0;
+  if (has_result)
+    for (std::size_t i = 0; i < out_bytes / es; ++i)
+      wrong += std::memcmp(static_cast<const char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
+  MPI_Allreduce(&wrong, &total, 1, MPI_LONG_LONG, MPI_SUM, comm.comm());
+  return total;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+// Times every algorithm of one row. Iterations are interleaved (iteration i of every
+// algorithm, then i+1), so a noisy spell on a shared machine hits all algorithms alike and the
+// ratios stay meaningful. Each sample is the slowest rank's time; rows report medians.
+std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, const Args& a,
+                             const std::vector<std::string>& algos, Buffers buf, std::size_t count,
+                             void* expected, std::size_t out_bytes) {
+  const int p = comm.size(), rank = comm.rank();
+  const std::size_t n_algos = algos.size();
+  std::vector<Row> rows(n_algos);
+  if (a.check)
+    for (std::size_t k = 0; k < n_algos; ++k)
+      rows[k].wrong = check_once(comm, b, a, algos[k], buf, count, expected, out_bytes);
+  b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+  for (std::size_t k = 0; k < n_algos; ++k)
+    for (int i = 0; i < a.warmup; ++i) b.run(comm, algos[k], buf, count, a.dtype, a.op, a.root, a.in_place);
+  std::vector<std::vector<double>> times(n_algos);
   const double start = now();
   for (int i = 0; i < a.iters; ++i) {
-    barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
-    const double t0 = now();
-    b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
-    times.push_back(now() - t0);
+    for (std::size_t k = 0; k < n_algos; ++k) {
+      barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
+      const double t0 = now();
+      b.run(comm, algos[k], buf, count, a.dtype, a.op, a.root, a.in_place);
+      times[k].push_back(now() - t0);
+    }
     // Everyone stops together when rank 0 has spent its time budget on this row.
     int stop = rank == 0 && now() - start > a.max_seconds;
-    CollectiveOptions bcast;
-    broadcast(comm, &stop, 1, DType::kInt32, bcast);
+    broadcast(comm, &stop, 1, DType::kInt32);
     if (stop) break;
   }
-  std::vector<double> slowest(times.size());
-  MPI_Allreduce(times.data(), slowest.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, comm.comm());
-  std::sort(slowest.begin(), slowest.end());
-  const std::size_t m = slowest.size();
-  row.time_us = 1e6 * (m % 2 ? slowest[m / 2] : 0.5 * (slowest[m / 2 - 1] + slowest[m / 2]));
-  row.iters = static_cast<int>(m);
-  return row;
+  for (std::size_t k = 0; k < n_algos; ++k) {
+    std::vector<double> slowest(times[k].size());
+    MPI_Allreduce(times[k].data(), slowest.data(), static_cast<int>(slowest.size()), MPI_DOUBLE, MPI_MAX,
+                  comm.comm());
+    rows[k].time_us = 1e6 * median(slowest);
+    rows[k].iters = static_cast<int>(slowest.size());
+  }
+  return rows;
 }
 
 std::string mpi_library() {
@@ -249,11 +269,11 @@ int run(int argc, char** argv, const CollectiveBench& b) {
     const std::size_t size = count * es;
     Buffers buf{in.ptr, out.ptr};
     const std::size_t out_bytes = b.out_count(count, p) * es;
-    // mpi first: every other row is compared with it.
+    // a.algorithms ends with "mpi", the reference of the vs_mpi column.
+    const std::vector<Row> measured = measure_row(comm, b, a, a.algorithms, buf, count, expected.ptr, out_bytes);
+    const Row mpi = measured.back();
     std::vector<std::pair<std::string, Row>> results;
-    Row mpi = measure(comm, b, a, "mpi", buf, count, expected.ptr, out_bytes);
-    for (const auto& algo : a.algorithms)
-      results.emplace_back(algo, algo == "mpi" ? mpi : measure(comm, b, a, algo, buf, count, expected.ptr, out_bytes));
+    for (std::size_t k = 0; k < measured.size(); ++k) results.emplace_back(a.algorithms[k], measured[k]);
     ++rows;
     for (const auto& [algo, row] : results) {
       total_wrong += row.wrong;

@@ -82,10 +82,12 @@ void bind_collectives(py::module_& m) {
       py::arg("root"), py::arg("segment_bytes") = 0, py::arg("depth") = 0, py::arg("check") = false, release);
   m.def("barrier", [](MpiCommunicator& c) { barrier(c); }, py::arg("comm"), release);
   m.def("choose_allreduce_algorithm",
-        [](std::size_t bytes, int ranks, bool native_fast) {
-          return algorithm_name(choose_allreduce_algorithm(bytes, ranks, native_fast));
+        [](std::size_t bytes, int ranks, bool native_fast, bool shared_memory, bool oversubscribed) {
+          return algorithm_name(
+              choose_allreduce_algorithm(bytes, ranks, Capabilities{native_fast, shared_memory, oversubscribed}));
         },
-        py::arg("nbytes"), py::arg("ranks"), py::arg("native_fast") = true);
+        py::arg("nbytes"), py::arg("ranks"), py::arg("native_fast") = true, py::arg("shared_memory") = true,
+        py::arg("oversubscribed") = false);
   m.def("block_begin", &block_begin);
   m.def("block_count", &block_count);
 }

@@ -15,6 +15,7 @@ void allreduce_recursive_doubling(Communicator&, const void* in, void* out, std:
                                   ReduceOp, const PipelineOptions&);
 void allreduce_halving_doubling(Communicator&, const void* in, void* out, std::size_t count, DType,
                                 ReduceOp, const PipelineOptions&);
+void allreduce_shm(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp);
 void reduce_scatter_ring(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
                          const PipelineOptions&);
 void allgather_ring(Communicator&, const void* in, void* out, std::size_t count, DType,

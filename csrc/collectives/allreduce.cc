@@ -17,8 +17,13 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
                                    static_cast<long long>(count), 0});
   comm.stats().collectives += 1;
   Algorithm algorithm = options.algorithm;
-  if (algorithm == Algorithm::kAuto)
-    algorithm = choose_allreduce_algorithm(bytes, comm.size(), comm.has_native_allreduce() && !comm.oversubscribed());
+  if (algorithm == Algorithm::kAuto) {
+    Capabilities caps;
+    caps.native_fast = comm.has_native_allreduce() && !comm.oversubscribed();
+    caps.shared_memory = comm.has_shared_arena();
+    caps.oversubscribed = comm.oversubscribed();
+    algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
+  }
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {
     comm.native_allreduce(in, out, count, dtype, options.op);
@@ -37,6 +42,7 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     case Algorithm::kHalvingDoubling:
       allreduce_halving_doubling(comm, in, out, count, dtype, options.op, options.pipeline);
       break;
+    case Algorithm::kShm: allreduce_shm(comm, in, out, count, dtype, options.op); break;
     case Algorithm::kAuto:
     case Algorithm::kMpi: break;
   }

@@ -19,6 +19,7 @@ struct Rule {
   int max_ranks;
   std::size_t max_bytes;
   bool needs_native_fast;
+  bool needs_shared_memory;
   Algorithm algorithm;
 };
 
@@ -26,17 +27,18 @@ constexpr std::size_t kAny = std::numeric_limits<std::size_t>::max();
 constexpr int kAnyRanks = std::numeric_limits<int>::max();
 
 constexpr Rule kRules[] = {
-    {kAnyRanks, 64 * 1024, true, Algorithm::kMpi},
-    {kAnyRanks, 32 * 1024, false, Algorithm::kRecursiveDoubling},
-    {2, kAny, false, Algorithm::kRing},
-    {kAnyRanks, kAny, false, Algorithm::kRing},
+    {kAnyRanks, 64 * 1024, true, false, Algorithm::kMpi},
+    {kAnyRanks, kAny, false, true, Algorithm::kShm},
+    {kAnyRanks, 32 * 1024, false, false, Algorithm::kRecursiveDoubling},
+    {kAnyRanks, kAny, false, false, Algorithm::kRing},
 };
 
 }  // namespace
 
-Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, bool native_fast) {
+Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps) {
   for (const Rule& rule : kRules)
-    if (ranks <= rule.max_ranks && bytes <= rule.max_bytes && (native_fast || !rule.needs_native_fast))
+    if (ranks <= rule.max_ranks && bytes <= rule.max_bytes && (caps.native_fast || !rule.needs_native_fast) &&
+        (caps.shared_memory || !rule.needs_shared_memory))
       return rule.algorithm;
   return Algorithm::kRing;
 }

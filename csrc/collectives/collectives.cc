@@ -11,7 +11,7 @@ namespace zcoll {
 namespace {
 
 constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "tree", "recursive_doubling",
-                                                          "halving_doubling", "mpi"};
+                                                          "halving_doubling", "mpi", "shm"};
 
 enum Collective : long long { kAllreduce = 0, kReduceScatter, kAllgather, kBroadcast, kReduce };
 
@@ -54,7 +54,7 @@ Algorithm parse_algorithm(const std::string& name) {
   for (int i = 0; i < kNumAlgorithms; ++i)
     if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
   throw std::invalid_argument("unknown algorithm '" + name +
-                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi");
+                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi shm");
 }
 
 std::size_t block_count(std::size_t count, int parts, int index) {

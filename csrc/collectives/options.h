@@ -16,8 +16,9 @@ enum class Algorithm : int {
   kRecursiveDoubling = 3,
   kHalvingDoubling = 4,
   kMpi = 5,  // the MPI library's own MPI_Allreduce, for side-by-side comparison
+  kShm = 6,  // through node-local shared memory (all ranks on one node)
 };
-inline constexpr int kNumAlgorithms = 6;
+inline constexpr int kNumAlgorithms = 7;
 
 const char* algorithm_name(Algorithm algorithm);
 Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argument listing names
@@ -87,7 +88,12 @@ std::size_t block_begin(std::size_t count, int parts, int index);
 std::size_t block_count(std::size_t count, int parts, int index);
 
 // The choice `auto` makes for a message of `bytes` on `ranks` ranks (table in auto_select.cc).
-// native_fast: the transport's own allreduce is available and not crippled by oversubscription.
-Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, bool native_fast);
+// What the communicator offers beyond point-to-point, for `auto`.
+struct Capabilities {
+  bool native_fast = false;  // the transport's own allreduce, not crippled by oversubscription
+  bool shared_memory = false;  // every rank on one node
+  bool oversubscribed = false;
+};
+Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);
 
 }  // namespace zcoll

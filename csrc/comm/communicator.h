@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/shared_arena.h"
 #include "common/dtype.h"
 
 namespace zcoll {
@@ -49,6 +50,12 @@ class Communicator {
   virtual bool has_native_allreduce() const { return false; }
   // More ranks than cores on a node: waits yield, and busy-polling libraries collapse.
   virtual bool oversubscribed() const { return false; }
+
+  // Shared memory across all ranks, when they all live on one node (else nullptr). The first
+  // call allocates it and is collective: every rank must call it (algorithms that use it are
+  // chosen identically on every rank).
+  virtual bool has_shared_arena() const { return false; }
+  virtual SharedArena* shared_arena() { return nullptr; }
 
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, int slot = 0);

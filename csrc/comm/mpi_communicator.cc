@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "common/check.h"
@@ -139,8 +140,44 @@ void MpiCommunicator::free() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
+  if (!finalized) {
+    if (arena_window_ != MPI_WIN_NULL) MPI_Win_free(&arena_window_);
+    MPI_Comm_free(&comm_);
+  }
+  arena_window_ = MPI_WIN_NULL;
+  arena_.regions.clear();
   comm_ = MPI_COMM_NULL;
+}
+
+SharedArena* MpiCommunicator::shared_arena() {
+  if (!has_shared_arena()) return nullptr;
+  if (arena_window_ != MPI_WIN_NULL) return &arena_;
+  // One region per rank: the flags, then the algorithms' staging areas. The size is fixed (not
+  // per message), so every rank allocates the same window whatever it is asked to reduce.
+  const char* env = std::getenv("ZCOLL_SHM_BYTES");
+  const long long requested = env ? std::atoll(env) : 0;
+  const std::size_t data_bytes = requested > 0 ? static_cast<std::size_t>(requested) : kDefaultArenaBytes;
+  const std::size_t bytes = kSharedFlags * sizeof(SharedFlag) + data_bytes;
+  MPI_Info info;
+  ZCOLL_MPI_CHECK(MPI_Info_create(&info));
+  ZCOLL_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));  // each region near its owner
+  void* mine = nullptr;
+  ZCOLL_MPI_CHECK(MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, comm_, &mine, &arena_window_));
+  MPI_Info_free(&info);
+  arena_.regions.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    void* base = nullptr;
+    ZCOLL_MPI_CHECK(MPI_Win_shared_query(arena_window_, r, &size, &disp, &base));
+    arena_.regions[r] = static_cast<unsigned char*>(base);
+  }
+  arena_.region_bytes = data_bytes;
+  arena_.yield_when_waiting = wait_policy_ == WaitPolicy::kYield;
+  // Zero this rank's flags, then make sure every rank has done so before anyone polls them.
+  for (int f = 0; f < kSharedFlags; ++f) new (&arena_.flags(rank_)[f]) SharedFlag();
+  ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
+  return &arena_;
 }
 
 Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int tag) {

@@ -15,6 +15,9 @@ namespace zcoll {
 
 enum class WaitPolicy : int { kSpin = 0, kYield = 1 };
 
+// Bytes of shared memory per rank for the shm algorithms (env ZCOLL_SHM_BYTES overrides).
+inline constexpr std::size_t kDefaultArenaBytes = 4 << 20;
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent);
@@ -31,6 +34,8 @@ class MpiCommunicator final : public Communicator {
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
   bool oversubscribed() const override { return oversubscribed_; }
+  bool has_shared_arena() const override { return local_size_ == size_; }
+  SharedArena* shared_arena() override;
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
@@ -45,6 +50,8 @@ class MpiCommunicator final : public Communicator {
   int local_size_ = 1;
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
+  MPI_Win arena_window_ = MPI_WIN_NULL;
+  SharedArena arena_;
 };
 
 // Throws zcoll::Error with file, line, the call and MPI's error string when rc != MPI_SUCCESS.

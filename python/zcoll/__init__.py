@@ -11,10 +11,12 @@ from .communicator import ALGORITHMS, OPS, Communicator
 __version__ = _C.__version__
 
 
-def choose_algorithm(nbytes: int, ranks: int, oversubscribed: bool = False) -> str:
-    """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`
-    (with more ranks than cores on a node, it never picks MPI's own, which busy-spins)."""
-    return _C.choose_allreduce_algorithm(nbytes, ranks, not oversubscribed)
+def choose_algorithm(nbytes: int, ranks: int, *, shared_memory: bool = True, oversubscribed: bool = False) -> str:
+    """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
+
+    shared_memory: every rank on one node; oversubscribed: more ranks than cores on a node
+    (then MPI's own collectives busy-spin and are never picked)."""
+    return _C.choose_allreduce_algorithm(nbytes, ranks, not oversubscribed, shared_memory, oversubscribed)
 
 
 def block_range(count: int, ranks: int, rank: int) -> range:

@@ -10,7 +10,7 @@ from . import _C
 from ._arrays import FLOAT_DTYPES, View, as_view, check_like, check_writable
 
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
-ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "recursive_doubling": 3, "halving_doubling": 4, "mpi": 5}
+ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "recursive_doubling": 3, "halving_doubling": 4, "mpi": 5, "shm": 6}
 
 # Communicators still holding an MPI communicator: freed before MPI_Finalize (mpi4py finalizes
 # MPI in an atexit handler registered before ours, so ours runs first).
@@ -134,7 +134,8 @@ class Communicator:
         """Reduces x over all ranks; every rank gets the same bits.
 
         op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
-        recursive_doubling, halving_doubling, or mpi (the MPI library's own MPI_Allreduce).
+        recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
+        node), or mpi (the MPI library's own MPI_Allreduce).
         out: where the result goes (may be x itself for in place); a new array when None.
         """
         c = self._comm()

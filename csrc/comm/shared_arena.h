@@ -1,0 +1,53 @@
+// Node-local shared memory that a transport can offer its algorithms: one region per rank,
+// every region mapped into every rank's address space, plus the flag protocol the algorithms
+// synchronise with. Allocated once per communicator (collectively), reused by every call.
+#pragma once
+#include <sched.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace zcoll {
+
+// The first bytes of every rank's region: monotonically increasing stage counters, one per
+// cache line so that ranks polling one flag do not steal the line another rank writes.
+struct alignas(64) SharedFlag {
+  std::atomic<std::uint64_t> value{0};
+  char pad[64 - sizeof(std::atomic<std::uint64_t>)];
+};
+inline constexpr int kSharedFlags = 4;
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "flags must be lock-free to live in shared memory");
+
+struct SharedArena {
+  std::vector<unsigned char*> regions;  // regions[r]: rank r's region, as mapped in this process
+  std::size_t region_bytes = 0;         // usable bytes after the flags
+  bool yield_when_waiting = false;      // oversubscribed: give the core away while waiting
+  std::uint64_t sequence = 0;           // stages completed by this communicator's algorithms;
+                                        // advances identically on every rank
+
+  SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
+  unsigned char* data(int rank) const { return regions[rank] + kSharedFlags * sizeof(SharedFlag); }
+
+  void publish(int rank, int flag, std::uint64_t value) const {
+    flags(rank)[flag].value.store(value, std::memory_order_release);
+  }
+  // Waits until every rank's `flag` has reached `value`.
+  void wait_all(int flag, std::uint64_t value) const {
+    for (std::size_t r = 0; r < regions.size(); ++r) {
+      std::atomic<std::uint64_t>& f = flags(static_cast<int>(r))[flag].value;
+      for (int polls = 0; f.load(std::memory_order_acquire) < value; ++polls) {
+        if (yield_when_waiting && polls >= 64) {
+          sched_yield();
+        } else {
+#if defined(__x86_64__)
+          __builtin_ia32_pause();
+#endif
+        }
+      }
+    }
+  }
+};
+
+}  // namespace zcoll
