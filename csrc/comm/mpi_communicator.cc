@@ -28,10 +28,15 @@ MPI_Request from_handle(std::uint64_t h) {
   return r;
 }
 
-int cpus_available() {
+// Cores the node's ranks can share: the online CPUs, capped by this process's affinity mask
+// unless the launcher pinned each rank to its own core(s) (Open MPI binds by default), in which
+// case the mask says nothing about the node.
+int cpus_available(int local_ranks) {
+  const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return online;
+  const int mine = CPU_COUNT(&set);
+  return mine * local_ranks <= online ? online : mine;
 }
 
 WaitPolicy choose_wait_policy(bool oversubscribed) {
@@ -125,7 +130,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   ZCOLL_MPI_CHECK(MPI_Comm_size(local, &local_size_));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
-  oversubscribed_ = local_size_ > cpus_available();
+  oversubscribed_ = local_size_ > cpus_available(local_size_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
 }
 
@@ -157,7 +162,9 @@ SharedArena* MpiCommunicator::shared_arena() {
   const char* env = std::getenv("ZCOLL_SHM_BYTES");
   const long long requested = env ? std::atoll(env) : 0;
   const std::size_t data_bytes = requested > 0 ? static_cast<std::size_t>(requested) : kDefaultArenaBytes;
-  const std::size_t bytes = kSharedFlags * sizeof(SharedFlag) + data_bytes;
+  // +64: MPI only promises 8-byte alignment; each region is rounded up to a cache line below
+  // (the offset within a page is the same in every process that maps it).
+  const std::size_t bytes = kSharedFlags * sizeof(SharedFlag) + data_bytes + 64;
   MPI_Info info;
   ZCOLL_MPI_CHECK(MPI_Info_create(&info));
   ZCOLL_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));  // each region near its owner
@@ -170,7 +177,8 @@ SharedArena* MpiCommunicator::shared_arena() {
     int disp = 0;
     void* base = nullptr;
     ZCOLL_MPI_CHECK(MPI_Win_shared_query(arena_window_, r, &size, &disp, &base));
-    arena_.regions[r] = static_cast<unsigned char*>(base);
+    const auto address = reinterpret_cast<std::uintptr_t>(base);
+    arena_.regions[r] = reinterpret_cast<unsigned char*>((address + 63) / 64 * 64);
   }
   arena_.region_bytes = data_bytes;
   arena_.yield_when_waiting = wait_policy_ == WaitPolicy::kYield;
