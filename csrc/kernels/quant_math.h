@@ -10,12 +10,13 @@
 //   nearest:    code = rint(v)                       (round half to even)
 //   stochastic: code = floor(v) + (u < v - floor(v)), u = rng_uniform(rng_u32(key, offset + i))
 //   decode  = float(code) * scale                    (a separate multiply: never fused)
-// Sign (1 bit): scale = (sum of |x| in the canonical 16-lane order, see sum16) / count,
-//   bit = x < 0, decode = bit ? -scale : scale.
+// Sign (1 bit): scale = min(absmax, (sum of |x| in the canonical 16-lane order, see sum16)
+//   / count) (sign_scale), bit = x < 0, decode = bit ? -scale : scale.
 // A block holding NaN or +-Inf gets scale NaN and codes 0 (its decode is NaN).
 #pragma once
-#include <cstdint>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "common/rng.h"
@@ -89,6 +90,18 @@ static ZCOLL_HD int unnibble(std::uint8_t byte, bool high) {
   const int v = high ? (byte >> 4) : (byte & 0xf);
   return (v ^ 8) - 8;
 }
+
+// The sign quantizer's scale from the canonical sum of |v| (see sum16) over `count` elements.
+// If that sum overflows (|v| near FLT_MAX), the sum is redone on |v| * 2^-64 (`rescaled`) and
+// the mean scaled back. Clamped to absmax, which it can only exceed by rounding.
+constexpr float kSignRescale = 5.42101086242752217e-20f;  // 2^-64
+static ZCOLL_HD float sign_scale(float sum, std::size_t count, std::uint32_t absmax_bits, bool rescaled) {
+  float mean = sum / static_cast<float>(count);
+  if (rescaled) mean = mean * 18446744073709551616.0f;  // 2^64
+  const float amax = bitsf(absmax_bits);
+  return mean < amax ? mean : amax;
+}
+static ZCOLL_HD bool sign_sum_overflowed(float sum) { return abs_bits(sum) >= kInfBits; }
 
 // The canonical summation order of the sign quantizer's mean |x|: element j of the block goes to
 // lane j % 16 (lanes summed in element order, starting from +0), then the lanes are combined as

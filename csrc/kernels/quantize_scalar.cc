@@ -59,7 +59,16 @@ QuantStatus quantize_blocks(std::size_t n, const QuantParams& p, std::uint8_t* c
     const bool bad = nonfinite(amax);
     float scale = block_scale(amax, q);
     if (bad && st.nonfinite_blocks++ == 0) st.first_nonfinite_block = b;
-    if (!bad && p.bits == 1) scale = sum16(lanes) / static_cast<float>(i1 - i0);
+    if (!bad && p.bits == 1) {
+      float sum = sum16(lanes);
+      const bool rescale = sign_sum_overflowed(sum);
+      if (rescale) {
+        for (float& l : lanes) l = 0.0f;
+        for (std::size_t i = i0; i < i1; ++i) lanes[(i - i0) % 16] += bitsf(abs_bits(value(b, i))) * kSignRescale;
+        sum = sum16(lanes);
+      }
+      scale = sign_scale(sum, i1 - i0, amax, rescale);
+    }
     scales[b] = scale;
     const float div = block_divisor(scale);
     for (std::size_t i = i0; i < i1; ++i) {

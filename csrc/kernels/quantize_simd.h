@@ -83,18 +83,20 @@ void put_code(std::uint8_t* codes, int bits, std::size_t i, int code) {
   }
 }
 
-// Phase 1: absmax bits (and the sign quantizer's mean |v|) of block [i0, i1).
-template <bool kSign, class Src>
-std::uint32_t block_absmax(const Src& src, std::size_t i0, std::size_t i1, float* mean) {
+// Phase 1: absmax bits of block [i0, i1), and for sign the canonical sum of |v| (times 2^-64
+// when kRescale: the rare second pass after that sum overflowed).
+template <bool kSign, bool kRescale = false, class Src>
+std::uint32_t block_absmax(const Src& src, std::size_t i0, std::size_t i1, float* sum) {
   constexpr std::size_t kAcc = 16 / kL;  // accumulators that together form the 16 canonical lanes
   V::I m = V::zero_i();
   V::F acc[kAcc];
   for (auto& a : acc) a = V::zero();
+  const V::F vr = V::set1(kSignRescale);
   std::size_t i = i0, k = 0;
   for (; i + kL <= i1; i += kL, ++k) {
     const V::F v = src.vec(i);
     m = V::max_u32(m, V::abs_bits(v));
-    if constexpr (kSign) acc[k % kAcc] = V::add(acc[k % kAcc], V::abs(v));
+    if constexpr (kSign) acc[k % kAcc] = V::add(acc[k % kAcc], kRescale ? V::mul(V::abs(v), vr) : V::abs(v));
   }
   std::uint32_t amax = V::hmax_u32(m);
   float lanes[16];
@@ -103,9 +105,9 @@ std::uint32_t block_absmax(const Src& src, std::size_t i0, std::size_t i1, float
   for (; i < i1; ++i) {
     const float v = src.at(i);
     amax = amax > abs_bits(v) ? amax : abs_bits(v);
-    if constexpr (kSign) lanes[(i - i0) % 16] += bitsf(abs_bits(v));
+    if constexpr (kSign) lanes[(i - i0) % 16] += kRescale ? bitsf(abs_bits(v)) * kSignRescale : bitsf(abs_bits(v));
   }
-  if constexpr (kSign) *mean = sum16(lanes) / static_cast<float>(i1 - i0);
+  if constexpr (kSign) *sum = sum16(lanes);
   return amax;
 }
 
@@ -174,10 +176,14 @@ QuantStatus quantize_blocks(Src& src, std::size_t n, const QuantParams& p, std::
   for (std::size_t b = 0, i0 = 0; i0 < n; ++b, i0 += p.block) {
     const std::size_t i1 = n - i0 < p.block ? n : i0 + p.block;
     src.begin_block(b);
-    float mean = 0.0f;
-    const std::uint32_t amax = block_absmax<kBits == 1>(src, i0, i1, &mean);
+    float sum = 0.0f;
+    const std::uint32_t amax = block_absmax<kBits == 1>(src, i0, i1, &sum);
     float scale = block_scale(amax, kBits == 1 ? 1 : qmax(kBits));
-    if (!nonfinite(amax) && kBits == 1) scale = mean;
+    if (!nonfinite(amax) && kBits == 1) {
+      const bool rescale = sign_sum_overflowed(sum);
+      if (rescale) block_absmax<true, true>(src, i0, i1, &sum);
+      scale = sign_scale(sum, i1 - i0, amax, rescale);
+    }
     scales[b] = scale;
     if (nonfinite(amax)) {
       if (st.nonfinite_blocks++ == 0) st.first_nonfinite_block = b;
