@@ -592,3 +592,31 @@ def test_sparse_roundtrip_through_scatter_add():
     y = np.zeros_like(x)
     C.scatter_add(addr(y), y.size, addr(idx), addr(val), idx.size)
     assert bits_equal(y[idx], x[idx]) and np.count_nonzero(y) == 655
+
+
+# ---- the benchmark binary ----------------------------------------------------------------------------------
+
+
+def _perf_binary():
+    import os
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "zcoll_kernels_perf")
+    return here if os.path.exists(here) else shutil.which("zcoll_kernels_perf")
+
+
+def test_kernels_perf_binary_runs():
+    import subprocess
+
+    exe = _perf_binary()
+    assert exe, "zcoll_kernels_perf is not installed next to the Python executable or on PATH"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--sizes" in out.stdout
+    out = subprocess.run([exe, "-s", "64K,12", "-r", "2", "-d", "0.05"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line and not line.startswith("#")][1:]
+    assert len(rows) == 2 * 18 and any("quantize int8" in r for r in rows)
+    assert all(r.split()[-1] == "0" for r in rows), out.stdout  # #wrong: bit-identical to the reference
+    bad = subprocess.run([exe, "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown flag" in bad.stderr
