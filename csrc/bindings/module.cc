@@ -15,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   zcoll::bindings::bind_collectives(m);
   zcoll::bindings::bind_kernels(m);
   zcoll::bindings::bind_compression(m);
+  zcoll::bindings::bind_compressed(m);
 }

@@ -1,0 +1,187 @@
+// Compressed allreduce entry point: validate, short-circuit nothing but count 0, count the
+// bytes sent, dispatch on the compression kind (compression.h). Names and error bounds.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "collectives/algorithms.h"
+#include "collectives/compressed.h"
+#include "common/check.h"
+#include "kernels/quantize.h"
+
+namespace zcoll {
+namespace {
+
+bool is_sparse(Compression kind) {
+  return kind == Compression::kTopK || kind == Compression::kRandomK || kind == Compression::kThreshold;
+}
+
+kernels::QuantParams quant_params(const CompressionOptions& o) {
+  kernels::QuantParams q;
+  q.bits = o.bits;
+  q.block = o.block;
+  q.rounding = o.stochastic ? kernels::Rounding::kStochastic : kernels::Rounding::kNearest;
+  return q;
+}
+
+void measure(const float* e, std::size_t n, CompressionStats& stats) {
+  double max_abs = 0.0, sq = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = e[i];
+    max_abs = std::fmax(max_abs, std::fabs(v));
+    sq += v * v;
+  }
+  stats.error_max_abs = max_abs;
+  stats.error_l2 = std::sqrt(sq);
+}
+
+double parse_number(const std::string& spec, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  ZCOLL_REQUIRE(!text.empty() && *end == '\0', "bad number '", text, "' in compression '", spec, "'");
+  return v;
+}
+
+}  // namespace
+
+std::size_t sparse_k(std::size_t count, double ratio) {
+  const auto k = static_cast<std::size_t>(std::llround(ratio * static_cast<double>(count)));
+  return std::min(count, std::max<std::size_t>(1, k));
+}
+
+void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
+  ZCOLL_REQUIRE(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16,
+                "compressed allreduce needs float32, float16 or bfloat16 data, not ", dtype_name(dtype));
+  ZCOLL_REQUIRE(o.op == ReduceOp::kSum || o.op == ReduceOp::kAvg,
+                "compressed allreduce supports op sum and avg, not ", op_name(o.op));
+  switch (o.kind) {
+    case Compression::kNone:
+    case Compression::kFp16:
+    case Compression::kBf16: return;
+    case Compression::kQuantize: kernels::validate(quant_params(o)); return;
+    case Compression::kTopK:
+    case Compression::kRandomK:
+      ZCOLL_REQUIRE(o.ratio > 0.0 && o.ratio <= 1.0, "compression ratio must be in (0, 1], not ", o.ratio);
+      break;
+    case Compression::kThreshold:
+      ZCOLL_REQUIRE(o.threshold >= 0.0f, "threshold must be >= 0 (and not NaN), not ", o.threshold);
+      break;
+    default: throw std::invalid_argument(detail::concat("unknown compression kind ", static_cast<int>(o.kind)));
+  }
+  ZCOLL_REQUIRE(count < (std::size_t(1) << 32), "sparse compression indexes with uint32: ", count,
+                " elements are too many (split the tensor)");
+}
+
+void allreduce_compressed(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                          const CompressionOptions& o, CompressionStats* stats_out) {
+  validate(o, dtype, count);
+  ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
+  if (o.check_args || detail::check_mode_from_env())
+    detail::check_same_call(comm, {200 + static_cast<int>(o.kind), static_cast<int>(dtype), static_cast<int>(o.op),
+                                   static_cast<long long>(count), o.bits});
+  CompressionStats stats;
+  const int p = comm.size();
+  const std::uint64_t sent_before = comm.stats().bytes_sent;
+  stats.dense_bytes = 2 * static_cast<std::uint64_t>(p - 1) * count * dtype_size(dtype) / p;
+  if (o.kind == Compression::kNone) {
+    AllreduceOptions a;
+    a.op = o.op;
+    a.algorithm = o.algorithm;
+    a.pipeline = o.pipeline;
+    allreduce(comm, in, out, count, dtype, a);
+  } else if (count > 0) {
+    comm.stats().collectives += 1;
+    float* e = o.residual;
+    if (!e && o.measure_error) {
+      e = static_cast<float*>(comm.scratch(count * sizeof(float), 8));
+      std::memset(e, 0, count * sizeof(float));
+    }
+    if (is_sparse(o.kind)) {
+      detail::allreduce_sparse(comm, in, out, count, dtype, o, e, stats);
+    } else {
+      stats.nonfinite = detail::allreduce_compressed_ring(comm, in, out, count, dtype, o, e);
+    }
+    if (o.measure_error) measure(e, count, stats);
+  }
+  stats.wire_bytes = comm.stats().bytes_sent - sent_before;
+  if (stats_out) *stats_out = stats;
+}
+
+double compression_error_bound(const CompressionOptions& o, int p, double A, double M) {
+  const double slop = p * M * std::ldexp(1.0, -20);
+  switch (o.kind) {
+    case Compression::kQuantize: {
+      const double q = o.bits == 8 ? 127.0 : 7.0;
+      const double c = o.bits == 1 ? 1.0 : (o.stochastic ? 1.0 : 0.5) / q;
+      return p * A * c + slop + std::ldexp(static_cast<double>(p), -149);
+    }
+    case Compression::kFp16:
+    case Compression::kBf16: {
+      const double u = std::ldexp(1.0, o.kind == Compression::kFp16 ? -11 : -8);
+      const double subnormal = o.kind == Compression::kFp16 ? std::ldexp(static_cast<double>(p), -25) : 0.0;
+      return A * (std::pow(1.0 + u, p) - 1.0) + slop + subnormal;
+    }
+    case Compression::kTopK:
+    case Compression::kRandomK:
+    case Compression::kThreshold: return A + p * M * std::ldexp(1.0, -23);
+    default: return 0.0;
+  }
+}
+
+CompressionOptions parse_compression(const std::string& spec) {
+  CompressionOptions o;
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  auto number = [&](double fallback) { return arg.empty() ? fallback : parse_number(spec, arg); };
+  if (name == "none") {
+    o.kind = Compression::kNone;
+  } else if (name == "fp16" || name == "bf16") {
+    o.kind = name == "fp16" ? Compression::kFp16 : Compression::kBf16;
+  } else if (name == "int8" || name == "int4" || name == "sign" || name == "int8s" || name == "int4s") {
+    o.kind = Compression::kQuantize;
+    o.bits = name == "sign" ? 1 : name[3] == '8' ? 8 : 4;
+    o.stochastic = name.size() == 5;
+    o.block = static_cast<std::size_t>(number(256));
+  } else if (name == "topk" || name == "topk_exact" || name == "randomk") {
+    o.kind = name == "randomk" ? Compression::kRandomK : Compression::kTopK;
+    o.exact_topk = name == "topk_exact";
+    o.ratio = number(0.01);
+  } else if (name == "threshold") {
+    o.kind = Compression::kThreshold;
+    o.threshold = static_cast<float>(number(0.0));
+    ZCOLL_REQUIRE(!arg.empty(), "threshold needs a value: threshold:T");
+  } else {
+    throw std::invalid_argument("unknown compression '" + spec +
+                                "'; valid: none fp16 bf16 int8[:block] int4[:block] sign[:block] int8s int4s "
+                                "topk:RATIO topk_exact:RATIO randomk:RATIO threshold:T");
+  }
+  return o;
+}
+
+std::string compression_name(const CompressionOptions& o) {
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  switch (o.kind) {
+    case Compression::kNone: return "none";
+    case Compression::kFp16: return "fp16";
+    case Compression::kBf16: return "bf16";
+    case Compression::kQuantize: {
+      std::string n = o.bits == 1 ? "sign" : o.bits == 8 ? "int8" : "int4";
+      if (o.stochastic) n += "s";
+      if (o.block != 256) n += ":" + std::to_string(o.block);
+      return n;
+    }
+    case Compression::kTopK: return (o.exact_topk ? "topk_exact:" : "topk:") + num(o.ratio);
+    case Compression::kRandomK: return "randomk:" + num(o.ratio);
+    case Compression::kThreshold: return "threshold:" + num(o.threshold);
+  }
+  return "?";
+}
+
+}  // namespace zcoll

@@ -1,0 +1,175 @@
+// Compressed ring allreduce (int8 / int4 / sign with per-block scales; fp16 / bf16).
+//
+// Purpose: a ring allreduce whose messages are compressed payloads (RingCodec, codecs.cc), so
+//          a slow link carries 4x (int8), 7.8x (int4), 28x (sign) or 2x (fp16/bf16) fewer bytes.
+// Layout:  the tensor is cut into p chunks of whole blocks (block_begin/block_count over the
+//          number of blocks), each chunk into nseg segments of whole blocks, at most
+//          max_segment_bytes of float32 input each. A (step, segment) pair is one pipeline unit.
+// Phases:  1. reduce-scatter, p-1 steps. Step 0: rank r encodes segment j of its chunk r
+//             (Q(x), hop 0; lazily, when the unit is first scheduled) and sends it to r+1.
+//             Step s: it receives chunk r-s-1's payload, combines D(in) + x -> Q (hop s+1,
+//             the fused kernel) into rs_area and sends that at step s+1.
+//          2. at the last step (p-2) the combined payload of chunk r+1 is final: it goes to
+//             ag_area and is decoded into `out` by its owner too, and
+//          3. allgather, p-1 steps right after each segment's last reduction (as in
+//             allreduce_ring.cc): final payloads travel unchanged; each rank decodes every
+//             one it receives (and keeps a copy to forward).
+//          Every rank decodes the same final payload bytes: results are bitwise identical.
+//          Error feedback: each rank adds its residual where it first uses its own input
+//          (step 0 or its combine) and keeps what that quantization lost; every element of the
+//          residual is used and rewritten exactly once per call.
+// Cost:    2(p-1) alpha + 2(p-1)/p W beta, W = payload bytes of the tensor (count * 4 / ratio);
+//          per rank (p-1)/p S of fused combine, S/p of encode, S of decode.
+// Error:   p quantizations along every chunk's path: |err| <= p A c (compression.h,
+//          compression_error_bound; docs/algorithms.md).
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/compressed.h"
+#include "collectives/pipeline.h"
+
+namespace zcoll::detail {
+namespace {
+
+constexpr std::size_t kAlign = 64;
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+class CompressedRing {
+ public:
+  CompressedRing(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                 const CompressionOptions& o, float* residual)
+      : in_(static_cast<const unsigned char*>(in)), out_(static_cast<unsigned char*>(out)), e_(residual),
+        count_(count), es_(dtype_size(dtype)), rank_(comm.rank()), p_(comm.size()),
+        divisor_(o.op == ReduceOp::kAvg ? comm.size() : 1) {
+    const std::size_t granule = o.kind == Compression::kQuantize ? o.block : 16;
+    seg_elems_ = compressed_segment_elements(o.pipeline, granule);
+    codec_ = make_ring_codec(o, dtype, static_cast<float*>(comm.scratch(2 * seg_elems_ * sizeof(float), 3)),
+                             seg_elems_);
+    granule_ = codec_->granule();
+    granules_ = (count + granule_ - 1) / granule_;
+    const std::size_t chunk_granules = block_count(granules_, p_, 0);
+    nseg_ = std::max<std::size_t>(1, (chunk_granules * granule_ + seg_elems_ - 1) / seg_elems_);
+    stride_ = round_up(codec_->payload_bytes(max_segment_elements()), kAlign);
+    auto* areas = static_cast<unsigned char*>(comm.scratch(2 * p_ * nseg_ * stride_, 2));
+    rs_area_ = areas;
+    ag_area_ = areas + p_ * nseg_ * stride_;
+  }
+
+  std::size_t num_units() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
+  std::size_t max_payload_bytes() const { return stride_; }
+  std::size_t nonfinite() const { return nonfinite_; }
+
+  // One rank: encode and decode every segment (the same payload a ring would carry).
+  void round_trip() {
+    for (std::size_t j = 0; j < nseg_; ++j) {
+      const Seg s = segment(0, j);
+      if (s.n == 0) continue;
+      codec_->encode(x(s), e(s), s.begin, s.n, 0, ag(0, j));
+      nonfinite_ += codec_->decode(ag(0, j), s.n, divisor_, y(s));
+    }
+  }
+
+  Unit unit(std::size_t u) {
+    const Where w = where(u);
+    if (w.reduce) {
+      const int send_chunk = mod(rank_ - w.step, p_), recv_chunk = mod(rank_ - w.step - 1, p_);
+      const Seg send = segment(send_chunk, w.seg), recv = segment(recv_chunk, w.seg);
+      if (w.step == 0) encode_own_through(w.seg);
+      return Unit{rs(send_chunk, w.seg), codec_->payload_bytes(send.n), mod(rank_ + 1, p_),
+                  nullptr,               codec_->payload_bytes(recv.n), mod(rank_ - 1, p_)};
+    }
+    const int send_chunk = mod(rank_ + 1 - w.step, p_), recv_chunk = mod(rank_ - w.step, p_);
+    const Seg send = segment(send_chunk, w.seg), recv = segment(recv_chunk, w.seg);
+    return Unit{ag(send_chunk, w.seg), codec_->payload_bytes(send.n), mod(rank_ + 1, p_),
+                nullptr,               codec_->payload_bytes(recv.n), mod(rank_ - 1, p_)};
+  }
+
+  void on_received(std::size_t u, const void* data) {
+    const Where w = where(u);
+    if (w.reduce) {
+      const int chunk = mod(rank_ - w.step - 1, p_);
+      const Seg s = segment(chunk, w.seg);
+      const bool last = w.step == p_ - 2;
+      void* dst = last ? ag(chunk, w.seg) : rs(chunk, w.seg);
+      codec_->combine(data, x(s), e(s), s.begin, s.n, w.step + 1, dst);
+      if (last) nonfinite_ += codec_->decode(dst, s.n, divisor_, y(s));
+      return;
+    }
+    const int chunk = mod(rank_ - w.step, p_);
+    const Seg s = segment(chunk, w.seg);
+    if (w.step < p_ - 2) std::memcpy(ag(chunk, w.seg), data, codec_->payload_bytes(s.n));  // forwarded next step
+    nonfinite_ += codec_->decode(data, s.n, divisor_, y(s));
+  }
+
+ private:
+  struct Seg {
+    std::size_t begin, n;
+  };
+  struct Where {
+    bool reduce;
+    int step;
+    std::size_t seg;
+  };
+
+  // The unit order of allreduce_ring.cc: reduce-scatter steps 0..p-3 step-major, then per
+  // segment its last reduce-scatter step followed by its p-1 allgather steps.
+  Where where(std::size_t u) const {
+    const std::size_t head = static_cast<std::size_t>(p_ - 2) * nseg_;
+    if (u < head) return {true, static_cast<int>(u / nseg_), u % nseg_};
+    const std::size_t v = u - head, seg = v / p_;
+    const int k = static_cast<int>(v % p_);
+    return k == 0 ? Where{true, p_ - 2, seg} : Where{false, k - 1, seg};
+  }
+
+  Seg segment(int chunk, std::size_t j) const {
+    const Range g = split(Range{block_begin(granules_, p_, chunk), block_count(granules_, p_, chunk)}, nseg_, j);
+    const std::size_t begin = std::min(count_, g.begin * granule_);
+    return Seg{begin, std::min(count_, (g.begin + g.count) * granule_) - begin};
+  }
+  std::size_t max_segment_elements() const {
+    const std::size_t chunk_granules = block_count(granules_, p_, 0);
+    return (chunk_granules + nseg_ - 1) / nseg_ * granule_;
+  }
+
+  // Step-0 payloads of this rank's chunk, encoded in segment order the first time a unit
+  // needs one (units are first scheduled in increasing order).
+  void encode_own_through(std::size_t j) {
+    for (; encoded_ <= j; ++encoded_) {
+      const Seg s = segment(rank_, encoded_);
+      if (s.n) codec_->encode(x(s), e(s), s.begin, s.n, 0, rs(rank_, encoded_));
+    }
+  }
+
+  unsigned char* rs(int chunk, std::size_t j) const { return rs_area_ + (chunk * nseg_ + j) * stride_; }
+  unsigned char* ag(int chunk, std::size_t j) const { return ag_area_ + (chunk * nseg_ + j) * stride_; }
+  const void* x(Seg s) const { return in_ + s.begin * es_; }
+  void* y(Seg s) const { return out_ + s.begin * es_; }
+  float* e(Seg s) const { return e_ ? e_ + s.begin : nullptr; }
+
+  const unsigned char* in_;
+  unsigned char* out_;
+  float* e_;
+  std::size_t count_, es_;
+  int rank_, p_, divisor_;
+  std::unique_ptr<RingCodec> codec_;
+  std::size_t seg_elems_ = 0, granule_ = 1, granules_ = 0, nseg_ = 1, stride_ = 0;
+  unsigned char* rs_area_ = nullptr;
+  unsigned char* ag_area_ = nullptr;
+  std::size_t encoded_ = 0;
+  std::size_t nonfinite_ = 0;
+};
+
+}  // namespace
+
+std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* out, std::size_t count,
+                                      DType dtype, const CompressionOptions& options, float* residual) {
+  CompressedRing ring(comm, in, out, count, dtype, options, residual);
+  if (comm.size() == 1) {
+    ring.round_trip();
+  } else {
+    run_pipeline(comm, ring, ring.num_units(), ring.max_payload_bytes(), options.pipeline, kTagRingReduceScatter);
+  }
+  return ring.nonfinite();
+}
+
+}  // namespace zcoll::detail

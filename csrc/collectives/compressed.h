@@ -1,0 +1,57 @@
+// Internals of the compressed allreduce (entry point: compression.h): the codec interface the
+// compressed ring runs on, the algorithms behind the dispatcher, and the ring allgatherv the
+// sparse path uses. Arguments are validated by allreduce_compressed; p >= 1.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "collectives/compression.h"
+
+namespace zcoll::detail {
+
+// A wire format for the compressed ring, applied to one segment: n elements starting at element
+// `begin` of the tensor, begin a multiple of granule(). `x` points at the segment's input
+// (input dtype), `e` at its residual (float32) or is null. `hop` numbers the quantizations
+// along a chunk's path (0 = the first rank), so stochastic rounding draws fresh bits per hop.
+class RingCodec {
+ public:
+  virtual ~RingCodec() = default;
+  virtual std::size_t granule() const = 0;
+  virtual std::size_t payload_bytes(std::size_t n) const = 0;
+  // payload = Q(x + e); e = (x + e) - D(payload)
+  virtual void encode(const void* x, float* e, std::size_t begin, std::size_t n, int hop, void* payload) = 0;
+  // out = Q(D(in) + x + e); e = (D(in) + x + e) - D(out)
+  virtual void combine(const void* in, const void* x, float* e, std::size_t begin, std::size_t n, int hop,
+                       void* out) = 0;
+  // y (n elements of the output dtype) = D(payload) / divisor, computed in float32. Returns the
+  // number of non-finite blocks (quantizers) or values (half precision) in the payload.
+  virtual std::size_t decode(const void* payload, std::size_t n, int divisor, void* y) = 0;
+};
+
+// The codec of options.kind (kQuantize, kFp16, kBf16) for input/output `dtype`. `tmp` is
+// float32 scratch of 2 x max_segment elements (segments never exceed max_segment elements).
+std::unique_ptr<RingCodec> make_ring_codec(const CompressionOptions& options, DType dtype, float* tmp,
+                                           std::size_t max_segment);
+
+// Runs the compressed ring of options.kind; returns the non-finite count of decode() over every
+// chunk (identical on every rank).
+std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* out, std::size_t count,
+                                      DType dtype, const CompressionOptions& options, float* residual);
+
+void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                      const CompressionOptions& options, float* residual, CompressionStats& stats);
+
+// Ring allgather of variable-size byte blocks in place: block r = buf[offset[r], offset[r] +
+// bytes[r]) is this rank's on entry (r = rank), everyone's on exit. Every rank passes the same
+// offsets and sizes. Cost: (p-1) alpha + (SUM bytes - bytes[r+1]) beta per rank.
+void ring_allgatherv(Communicator& comm, void* buf, const std::size_t* offset, const std::size_t* bytes,
+                     const PipelineOptions& pipeline);
+
+// Elements per ring segment: max_segment_bytes of float32 input (at least one granule).
+std::size_t compressed_segment_elements(const PipelineOptions& pipeline, std::size_t granule);
+
+// 64-bit mixing for per-hop / per-call seeds.
+std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t salt);
+
+}  // namespace zcoll::detail
