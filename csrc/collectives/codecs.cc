@@ -81,7 +81,7 @@ class QuantCodec final : public RingCodec {
   QuantParams at(std::size_t begin, int hop) const {
     QuantParams p = params_;
     p.offset = begin;
-    p.seed = mix_seed(seed_, static_cast<std::uint64_t>(hop));
+    p.seed = hop == 0 ? seed_ : mix_seed(seed_, static_cast<std::uint64_t>(hop));  // hop 0: as compress()
     return p;
   }
 

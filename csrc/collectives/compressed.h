@@ -13,7 +13,9 @@ namespace zcoll::detail {
 // A wire format for the compressed ring, applied to one segment: n elements starting at element
 // `begin` of the tensor, begin a multiple of granule(). `x` points at the segment's input
 // (input dtype), `e` at its residual (float32) or is null. `hop` numbers the quantizations
-// along a chunk's path (0 = the first rank), so stochastic rounding draws fresh bits per hop.
+// along a chunk's path (0 = the first rank): hop 0 uses options.seed as it is (so one rank
+// reproduces the Python compressor's compress() bit for bit), later hops a mixed seed, so
+// stochastic rounding draws fresh bits per hop.
 class RingCodec {
  public:
   virtual ~RingCodec() = default;

@@ -3,10 +3,22 @@
     import zcoll
     comm = zcoll.Communicator()             # MPI.COMM_WORLD, duplicated
     comm.allreduce(grad, op="avg", out=grad)
+    q = zcoll.GradientQuantizer(bits=8)     # compressed: int8 codes + scales on the wire
+    comm.allreduce(grad, op="avg", out=grad, compression=q, key="grad")
 """
 from . import _C
 from ._C import MismatchError, ZcollError
 from .communicator import ALGORITHMS, OPS, Communicator
+from .compression import (
+    CompressionStats,
+    Compressor,
+    GradientQuantizer,
+    HalfPrecision,
+    Payload,
+    RandomK,
+    Threshold,
+    TopK,
+)
 
 __version__ = _C.__version__
 
@@ -29,7 +41,15 @@ __all__ = [
     "ALGORITHMS",
     "OPS",
     "Communicator",
+    "CompressionStats",
+    "Compressor",
+    "GradientQuantizer",
+    "HalfPrecision",
     "MismatchError",
+    "Payload",
+    "RandomK",
+    "Threshold",
+    "TopK",
     "ZcollError",
     "__version__",
     "block_range",

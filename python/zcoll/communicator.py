@@ -130,21 +130,52 @@ class Communicator:
         return o
 
     # -- collectives --------------------------------------------------------------------------
-    def allreduce(self, x: Any, op: str = "sum", algorithm: str = "auto", out: Any = None) -> Any:
+    def allreduce(self, x: Any, op: str = "sum", algorithm: str = "auto", out: Any = None, *,
+                  compression: Any = None, key: Optional[str] = None) -> Any:
         """Reduces x over all ranks; every rank gets the same bits.
 
         op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
         recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
         node), or mpi (the MPI library's own MPI_Allreduce).
         out: where the result goes (may be x itself for in place); a new array when None.
+
+        compression: a compressor from zcoll.compression (GradientQuantizer, TopK, RandomK,
+        Threshold, HalfPrecision); op must then be sum or avg and x float32, float16 or bfloat16.
+        key names the tensor, for the compressor's error-feedback residual (required when error
+        feedback is on). The compressor's ``last_stats`` reports wire bytes and errors; NaN or
+        Inf in x raises FloatingPointError on every rank. For example, in a DDP hook::
+
+            comm.allreduce(bucket.buffer(), op="avg", compression=q, key=str(bucket.index()))
         """
         c = self._comm()
         v = as_view(x, "x")
         code = _op_code(op, v.dtype)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+        if compression is not None:
+            return self._allreduce_compressed(v, op, algorithm, out, compression, key)
         o = self._out(v, out, v.count, v.shape)
         _C.allreduce(c, v.address, o.address, v.count, v.code, code, ALGORITHMS[algorithm], **self._pipeline())
+        return o.obj
+
+    def _allreduce_compressed(self, v: View, op: str, algorithm: str, out: Any, compression: Any,
+                              key: Optional[str]) -> Any:
+        from .compression import Compressor
+
+        if not isinstance(compression, Compressor):
+            raise TypeError(
+                "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
+                f"HalfPrecision), got {type(compression).__name__}"
+            )
+        if op not in ("sum", "avg"):
+            raise ValueError(f"compressed allreduce supports op 'sum' and 'avg', not {op!r}")
+        if algorithm != "auto":
+            raise ValueError(
+                f"algorithm={algorithm!r} with compression: the compressor picks its own algorithm "
+                "(compressed ring or sparse allgather); leave algorithm='auto'"
+            )
+        o = self._out(v, out, v.count, v.shape)
+        compression._allreduce(self._comm(), v, o, op, key, self._pipeline())
         return o.obj
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
