@@ -1,16 +1,36 @@
-// zcoll_allreduce_perf: every allreduce algorithm against MPI_Allreduce (busbw factor 2(p-1)/p).
+// zcoll_allreduce_perf: every allreduce algorithm against MPI_Allreduce (busbw factor 2(p-1)/p),
+// and with -z the compressed allreduce (compression.h), checked against its error bound.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "collectives/compression.h"
 #include "collectives/options.h"
 #include "harness.h"
 
 namespace {
 using namespace zcoll;
 
+const std::vector<std::string> kAlgorithms = {"ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"};
+
+bool is_algorithm(const std::string& name) {
+  return name == "mpi" || std::find(kAlgorithms.begin(), kAlgorithms.end(), name) != kAlgorithms.end();
+}
+
 void run(MpiCommunicator& comm, const std::string& algo, bench::Buffers b, std::size_t count, DType dtype,
          ReduceOp op, int, bool in_place) {
+  void* out = in_place ? b.in : b.out;
+  if (!is_algorithm(algo)) {
+    CompressionOptions o = parse_compression(algo);
+    o.op = op;
+    allreduce_compressed(comm, b.in, out, count, dtype, o);
+    return;
+  }
   AllreduceOptions o;
   o.op = op;
   o.algorithm = parse_algorithm(algo);
-  allreduce(comm, b.in, in_place ? b.in : b.out, count, dtype, o);
+  allreduce(comm, b.in, out, count, dtype, o);
 }
 
 void fill_input(void* in, std::size_t n, DType dtype, ReduceOp op, int rank, int, int) {
@@ -22,11 +42,73 @@ void fill_expected(void* e, std::size_t count, DType dtype, ReduceOp op, int, in
 }
 
 std::size_t same(std::size_t count, int) { return count; }
+
+void check_variant(const std::string& name, DType dtype, ReduceOp op) {
+  CompressionOptions o = parse_compression(name);
+  o.op = op;
+  validate(o, dtype, 1);
+}
+
+// Checks a result against the exact sum (in double) of every rank's stored input and counts
+// elements outside the bound of compression.h, with A and M computed from those inputs.
+bench::Accuracy accuracy(const std::string& variant, const void* result, std::size_t n, DType dtype, ReduceOp op,
+                         int p) {
+  const CompressionOptions o = parse_compression(variant);
+  std::vector<double> exact(n, 0.0), M(n, 0.0), A;
+  for (int r = 0; r < p; ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      const double v = bench::stored_gradient_value(i, r, dtype);
+      exact[i] += v;
+      M[i] += std::fabs(v);
+    }
+  if (o.kind == Compression::kQuantize) {  // A per block: sum over ranks of the block's max |x|
+    A.assign(n, 0.0);
+    for (int r = 0; r < p; ++r)
+      for (std::size_t b = 0; b < n; b += o.block) {
+        const std::size_t e = std::min(n, b + o.block);
+        double m = 0;
+        for (std::size_t i = b; i < e; ++i) m = std::max(m, std::fabs(bench::stored_gradient_value(i, r, dtype)));
+        for (std::size_t i = b; i < e; ++i) A[i] += m;
+      }
+  } else if (o.kind == Compression::kTopK) {  // sum over ranks of the k-th largest |x|
+    double t = 0;
+    std::vector<double> v(n);
+    const std::size_t k = sparse_k(n, o.ratio);
+    for (int r = 0; r < p; ++r) {
+      for (std::size_t i = 0; i < n; ++i) v[i] = std::fabs(bench::stored_gradient_value(i, r, dtype));
+      std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<double>());
+      t += v[k - 1];
+    }
+    A.assign(n, t);
+  } else if (o.kind == Compression::kThreshold) {
+    A.assign(n, p * static_cast<double>(o.threshold));
+  } else {  // half precision, random-k: per element
+    A = M;
+  }
+  // The result is rounded to the output dtype once more at the end.
+  const double u_out = dtype == DType::kFloat16    ? std::ldexp(1.0, -11)
+                       : dtype == DType::kBFloat16 ? std::ldexp(1.0, -8)
+                                                   : std::ldexp(1.0, -24);
+  bench::Accuracy acc;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double want = op == ReduceOp::kAvg ? exact[i] / p : exact[i];
+    double bound = compression_error_bound(o, p, A[i], M[i]);
+    if (op == ReduceOp::kAvg) bound /= p;
+    bound += std::fabs(want) * u_out;
+    const double err = std::fabs(bench::load_value(result, i, dtype) - want);
+    acc.wrong += !(err <= bound);
+    acc.max_abs = std::fmax(acc.max_abs, err);
+    acc.max_ref = std::fmax(acc.max_ref, std::fabs(want));
+  }
+  return acc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::CollectiveBench b{
-      "allreduce", true, false, {"ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"},
-      [](int p) { return 2.0 * (p - 1) / p; }, same, same, same, run, fill_input, fill_expected};
+  bench::CollectiveBench b{"allreduce", true, false, kAlgorithms, [](int p) { return 2.0 * (p - 1) / p; },
+                           same, same, same, run, fill_input, fill_expected};
+  b.check_variant = check_variant;
+  b.accuracy = accuracy;
   return bench::run_benchmark(argc, argv, b);
 }

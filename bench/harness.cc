@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -30,7 +31,9 @@ struct Args {
   int check = 1;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
-  std::vector<std::string> algorithms;
+  std::vector<std::string> algorithms;  // row names: zcoll algorithms, -z variants, then "mpi"
+  std::vector<std::string> lossy;       // the -z variants among them (checked against a bound)
+  bool z_columns = false;               // -z given: wire bytes, ratio and error columns
   int root = 0;
   bool in_place = false;
   double max_seconds = 30.0;
@@ -53,6 +56,7 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "  -o OP      sum prod min max avg (default sum)%s\n"
       "  -a ALGOS   comma-separated algorithms: %s, mpi, or all (default all);\n"
       "             mpi is always measured, as the reference of the vs_mpi column\n"
+      "%s"
       "  -r ROOT    root rank for rooted collectives (default 0)\n"
       "  -i         in-place (default out-of-place)\n"
       "  -t SECONDS stop timing a row after this long, keeping the iterations done (default 30);\n"
@@ -61,6 +65,7 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "  -h, --help this text\n\n"
       "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"
       "busbw = algbw x %s (GB = 1e9 bytes), #wrong, vs_mpi = mpi time / this time.\n"
+      "%s"
       "Environment: ZCOLL_WAIT=spin|yield|auto (how ranks wait), ZCOLL_SIMD=scalar|avx2|avx512.\n",
       prog, b.name, b.reduces ? "" : " (ignored)", [&] {
         static std::string s;
@@ -68,7 +73,17 @@ void print_help(const CollectiveBench& b, const char* prog) {
         for (const auto& a : b.algorithms) s += (s.empty() ? "" : ", ") + a;
         return s.c_str();
       }(),
-      b.bus_factor(4) == 1.0 ? "1" : (b.bus_factor(4) > 1.2 ? "2(p-1)/p" : "(p-1)/p"));
+      !b.check_variant ? ""
+                       : "  -z LIST    comma-separated compressed variants, one row each: none fp16 bf16\n"
+                         "             int8[:block] int4[:block] sign[:block] int8s int4s (stochastic)\n"
+                         "             topk:RATIO topk_exact:RATIO randomk:RATIO threshold:T; 'none' adds\n"
+                         "             the uncompressed zcoll rows (-a, default auto). Adds the columns\n"
+                         "             wire (bytes sent per rank per call, mean over ranks), ratio (bytes\n"
+                         "             of an uncompressed ring / wire), maxerr and relerr (max |result -\n"
+                         "             exact|, and over max |exact|); #wrong then counts elements outside\n"
+                         "             the variant's documented error bound (docs/algorithms.md)\n",
+      b.bus_factor(4) == 1.0 ? "1" : (b.bus_factor(4) > 1.2 ? "2(p-1)/p" : "(p-1)/p"),
+      !b.check_variant ? "" : "With -z: wire, ratio, maxerr, relerr (see -z).\n");
 }
 
 std::size_t parse_size(const std::string& s) {
@@ -92,7 +107,8 @@ std::vector<std::string> split_list(const std::string& s) {
 
 // Returns false when --help was given.
 bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
-  std::string algos = "all";
+  std::string algos = "all", variants;
+  bool algos_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto value = [&]() -> std::string {
@@ -108,7 +124,8 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
     else if (f == "-c") a.check = std::stoi(value());
     else if (f == "-d") a.dtype = parse_dtype(value());
     else if (f == "-o") a.op = parse_op(value());
-    else if (f == "-a") algos = value();
+    else if (f == "-a") algos = value(), algos_given = true;
+    else if (f == "-z" && b.check_variant) variants = value(), a.z_columns = true;
     else if (f == "-r") a.root = std::stoi(value());
     else if (f == "-i") a.in_place = true;
     else if (f == "-t") a.max_seconds = std::stod(value());
@@ -119,6 +136,9 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
   if (a.iters < 1) throw std::invalid_argument("-n must be >= 1");
   if (a.min_bytes > a.max_bytes) throw std::invalid_argument("-b must not exceed -e");
   if (b.reduces) validate_op(a.dtype, a.op);
+  const std::vector<std::string> z = split_list(variants);
+  const bool with_none = std::find(z.begin(), z.end(), "none") != z.end();
+  if (a.z_columns && !algos_given) algos = with_none ? "auto" : "";
   for (const auto& name : split_list(algos)) {
     if (name == "all") {
       a.algorithms.insert(a.algorithms.end(), b.algorithms.begin(), b.algorithms.end());
@@ -127,6 +147,13 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
     if (name != "mpi" && std::find(b.algorithms.begin(), b.algorithms.end(), name) == b.algorithms.end())
       throw std::invalid_argument("unknown algorithm '" + name + "' for " + b.name + " (see --help)");
     if (name != "mpi") a.algorithms.push_back(name);
+  }
+  if (a.z_columns && z.empty()) throw std::invalid_argument("-z needs at least one variant (see --help)");
+  for (const auto& name : z) {
+    if (name == "none") continue;
+    b.check_variant(name, a.dtype, a.op);
+    a.algorithms.push_back(name);
+    a.lossy.push_back(name);
   }
   a.algorithms.push_back("mpi");  // always measured: the reference column
   return true;
@@ -146,25 +173,57 @@ struct Row {
   double time_us = 0;
   long long wrong = 0;
   int iters = 0;
+  double wire = 0;                  // bytes sent through zcoll per rank per call (mean over ranks)
+  double max_abs = 0, max_ref = 0;  // -z: error against the exact result (max over ranks)
 };
 
-// Runs once on fresh inputs and counts wrong elements over all ranks.
-long long check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& algo,
-                     Buffers buf, std::size_t count, void* expected, std::size_t out_bytes) {
+// Bytes one run sends through zcoll's communicator, mean over ranks (0 for MPI's own).
+double wire_of_run(MpiCommunicator& comm, const std::function<void()>& run) {
+  const std::uint64_t before = comm.stats().bytes_sent;
+  run();
+  double mine = static_cast<double>(comm.stats().bytes_sent - before), sum = 0;
+  MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, comm.comm());
+  return sum / comm.size();
+}
+
+bool is_lossy(const Args& a, const std::string& algo) {
+  return std::find(a.lossy.begin(), a.lossy.end(), algo) != a.lossy.end();
+}
+
+// Runs once on fresh inputs; counts wrong elements (bitwise, or for lossy variants outside
+// their bound) and the error over all ranks, and the bytes sent.
+Row check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& algo,
+               Buffers buf, std::size_t count, void* expected, std::size_t out_bytes) {
   const int p = comm.size(), rank = comm.rank();
-  b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+  if (is_lossy(a, algo))
+    fill_gradient(buf.in, b.in_count(count, p), a.dtype, rank);
+  else
+    b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
   if (!a.in_place) std::memset(buf.out, 0xA5, out_bytes);
-  b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place);
-  b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
-  const std::size_t es = dtype_size(a.dtype);
+  Row row;
+  row.wire = wire_of_run(comm, [&] { b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place); });
+  if (!is_lossy(a, algo)) b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
+  const std::size_t es = dtype_size(a.dtype), n = out_bytes / es;
   const void* result = a.in_place ? buf.in : buf.out;
   const bool has_result = !(b.rooted && b.reduces && rank != a.root);  // reduce: root only
-  long long wrong = 0, total = 0;
-  if (has_result)
-    for (std::size_t i = 0; i < out_bytes / es; ++i)
-      wrong += std::memcmp(static_cast<const char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
-  MPI_Allreduce(&wrong, &total, 1, MPI_LONG_LONG, MPI_SUM, comm.comm());
-  return total;
+  Accuracy acc;
+  if (has_result && is_lossy(a, algo)) {
+    acc = b.accuracy(algo, result, n, a.dtype, a.op, p);
+  } else if (has_result) {
+    for (std::size_t i = 0; i < n; ++i)
+      acc.wrong += std::memcmp(static_cast<const char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
+    for (std::size_t i = 0; a.z_columns && i < n; ++i) {
+      const double e = load_value(expected, i, a.dtype);
+      acc.max_abs = std::fmax(acc.max_abs, std::fabs(load_value(result, i, a.dtype) - e));
+      acc.max_ref = std::fmax(acc.max_ref, std::fabs(e));
+    }
+  }
+  double errs[2] = {acc.max_abs, acc.max_ref}, max_errs[2];
+  MPI_Allreduce(&acc.wrong, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.comm());
+  MPI_Allreduce(errs, max_errs, 2, MPI_DOUBLE, MPI_MAX, comm.comm());
+  row.max_abs = max_errs[0];
+  row.max_ref = max_errs[1];
+  return row;
 }
 
 double median(std::vector<double> v) {
@@ -176,25 +235,33 @@ double median(std::vector<double> v) {
 // Times every algorithm of one row. Iterations are interleaved (iteration i of every
 // algorithm, then i+1), so a noisy spell on a shared machine hits all algorithms alike and the
 // ratios stay meaningful. Each sample is the slowest rank's time; rows report medians.
+// Lossy variants (-z) run on their own input buffer, `lossy_in` (gradient-like values).
 std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, const Args& a,
-                             const std::vector<std::string>& algos, Buffers buf, std::size_t count,
-                             void* expected, std::size_t out_bytes) {
+                             const std::vector<std::string>& algos, Buffers exact_buf, void* lossy_in,
+                             std::size_t count, void* expected, std::size_t out_bytes) {
   const int p = comm.size(), rank = comm.rank();
   const std::size_t n_algos = algos.size();
+  std::vector<Buffers> bufs(n_algos, exact_buf);
+  for (std::size_t k = 0; k < n_algos; ++k)
+    if (is_lossy(a, algos[k])) bufs[k].in = lossy_in;
   std::vector<Row> rows(n_algos);
   if (a.check)
     for (std::size_t k = 0; k < n_algos; ++k)
-      rows[k].wrong = check_once(comm, b, a, algos[k], buf, count, expected, out_bytes);
-  b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+      rows[k] = check_once(comm, b, a, algos[k], bufs[k], count, expected, out_bytes);
+  b.fill_input(exact_buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+  if (!a.lossy.empty()) fill_gradient(lossy_in, b.in_count(count, p), a.dtype, rank);
+  auto run_once = [&](std::size_t k) { b.run(comm, algos[k], bufs[k], count, a.dtype, a.op, a.root, a.in_place); };
+  if (!a.check && a.z_columns)
+    for (std::size_t k = 0; k < n_algos; ++k) rows[k].wire = wire_of_run(comm, [&] { run_once(k); });
   for (std::size_t k = 0; k < n_algos; ++k)
-    for (int i = 0; i < a.warmup; ++i) b.run(comm, algos[k], buf, count, a.dtype, a.op, a.root, a.in_place);
+    for (int i = 0; i < a.warmup; ++i) run_once(k);
   std::vector<std::vector<double>> times(n_algos);
   const double start = now();
   for (int i = 0; i < a.iters; ++i) {
     for (std::size_t k = 0; k < n_algos; ++k) {
       barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
       const double t0 = now();
-      b.run(comm, algos[k], buf, count, a.dtype, a.op, a.root, a.in_place);
+      run_once(k);
       times[k].push_back(now() - t0);
     }
     // Everyone stops together when rank 0 has spent its time budget on this row.
@@ -243,7 +310,7 @@ int run(int argc, char** argv, const CollectiveBench& b) {
   const std::size_t es = dtype_size(a.dtype);
   const std::size_t max_count = b.round_count(std::max<std::size_t>(a.max_bytes / es, 1), p);
   AlignedBuffer in(b.in_count(max_count, p) * es), out(b.out_count(max_count, p) * es),
-      expected(b.out_count(max_count, p) * es);
+      expected(b.out_count(max_count, p) * es), lossy_in(a.lossy.empty() ? 0 : b.in_count(max_count, p) * es);
 
   std::FILE* csv = nullptr;
   if (rank == 0) {
@@ -252,12 +319,15 @@ int run(int argc, char** argv, const CollectiveBench& b) {
                 b.reduces ? op_name(a.op) : "", a.in_place ? "in-place" : "out-of-place", a.iters, a.warmup,
                 comm.wait_policy() == WaitPolicy::kYield ? "yield" : "spin",
                 kernels::simd_level_name(kernels::simd_level()));
-    std::printf("# %12s %11s %9s %6s %18s %11s %10s %10s %7s %7s %8s\n", "size", "count", "type", "redop",
-                "algorithm", "time(us)", "algbw", "busbw", "#wrong", "iters", "vs_mpi");
+    std::printf("# %12s %11s %9s %6s %18s %11s %10s %10s %7s %7s %8s%s\n", "size", "count", "type", "redop",
+                "algorithm", "time(us)", "algbw", "busbw", "#wrong", "iters", "vs_mpi",
+                a.z_columns ? "        wire    ratio     maxerr     relerr" : "");
     std::fflush(stdout);
     if (!a.csv.empty()) {
       csv = std::fopen(a.csv.c_str(), "w");
-      if (csv) std::fprintf(csv, "collective,ranks,size,count,type,redop,algorithm,time_us,algbw_gbs,busbw_gbs,wrong,iters,vs_mpi\n");
+      if (csv)
+        std::fprintf(csv, "collective,ranks,size,count,type,redop,algorithm,time_us,algbw_gbs,busbw_gbs,wrong,iters,"
+                          "vs_mpi,wire_bytes,ratio,max_abs_err,rel_err\n");
     }
   }
   long long total_wrong = 0;
@@ -270,7 +340,8 @@ int run(int argc, char** argv, const CollectiveBench& b) {
     Buffers buf{in.ptr, out.ptr};
     const std::size_t out_bytes = b.out_count(count, p) * es;
     // a.algorithms ends with "mpi", the reference of the vs_mpi column.
-    const std::vector<Row> measured = measure_row(comm, b, a, a.algorithms, buf, count, expected.ptr, out_bytes);
+    const std::vector<Row> measured =
+        measure_row(comm, b, a, a.algorithms, buf, lossy_in.ptr, count, expected.ptr, out_bytes);
     const Row mpi = measured.back();
     std::vector<std::pair<std::string, Row>> results;
     for (std::size_t k = 0; k < measured.size(); ++k) results.emplace_back(a.algorithms[k], measured[k]);
@@ -282,13 +353,21 @@ int run(int argc, char** argv, const CollectiveBench& b) {
       busbw_sum[algo] += busbw;
       if (rank != 0) continue;
       const char* redop = b.reduces ? op_name(a.op) : "none";
-      std::printf("  %12zu %11zu %9s %6s %18s %11.1f %10.3f %10.3f %7lld %7d %7.2fx\n", size, count,
+      // ratio: bytes an uncompressed bandwidth-optimal algorithm sends per rank (busbw factor x S)
+      const double ratio = row.wire > 0 ? b.bus_factor(p) * size / row.wire : 0.0;
+      const double rel = row.max_ref > 0 ? row.max_abs / row.max_ref : 0.0;
+      std::printf("  %12zu %11zu %9s %6s %18s %11.1f %10.3f %10.3f %7lld %7d %7.2fx", size, count,
                   dtype_name(a.dtype), redop, algo.c_str(), row.time_us, algbw, busbw, row.wrong, row.iters,
                   mpi.time_us / row.time_us);
+      if (a.z_columns && row.wire > 0)
+        std::printf(" %11.0f %7.2fx %10.3g %10.3g", row.wire, ratio, row.max_abs, rel);
+      else if (a.z_columns)
+        std::printf(" %11s %8s %10.3g %10.3g", "-", "-", row.max_abs, rel);
+      std::printf("\n");
       if (csv)
-        std::fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%s,%.3f,%.6f,%.6f,%lld,%d,%.4f\n", b.name, p, size, count,
-                     dtype_name(a.dtype), redop, algo.c_str(), row.time_us, algbw, busbw, row.wrong, row.iters,
-                     mpi.time_us / row.time_us);
+        std::fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%s,%.3f,%.6f,%.6f,%lld,%d,%.4f,%.0f,%.4f,%.6g,%.6g\n", b.name, p, size,
+                     count, dtype_name(a.dtype), redop, algo.c_str(), row.time_us, algbw, busbw, row.wrong, row.iters,
+                     mpi.time_us / row.time_us, row.wire, ratio, row.max_abs, rel);
     }
     if (rank == 0) std::fflush(stdout);
   }
@@ -309,6 +388,36 @@ double input_value(std::size_t i, int rank, ReduceOp op) {
     return kPow2[(i * 5 + static_cast<std::size_t>(rank) * 3) % 4];
   }
   return static_cast<double>((i * 13 + static_cast<std::size_t>(rank) * 7) % 17) - 8.0;
+}
+
+double load_value(const void* buf, std::size_t i, DType dtype) {
+  return dispatch_dtype(dtype, [&](auto tag) -> double {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>)
+      return to_float(static_cast<const T*>(buf)[i]);
+    else
+      return static_cast<double>(static_cast<const T*>(buf)[i]);
+  });
+}
+
+double gradient_value(std::size_t i, int rank) {
+  std::uint64_t z = i * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(rank + 1) * 0xd1b54a32d192ed03ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double u1 = std::ldexp(static_cast<double>(z >> 40), -24);
+  const double u2 = std::ldexp(static_cast<double>((z >> 16) & 0xffffff), -24);
+  return (u1 + u2 - 1.0) * static_cast<double>(1 + (i >> 12) % 8);
+}
+
+double stored_gradient_value(std::size_t i, int rank, DType dtype) {
+  alignas(8) unsigned char v[8];
+  store_value(v, 0, gradient_value(i, rank), dtype);
+  return load_value(v, 0, dtype);
+}
+
+void fill_gradient(void* in, std::size_t n, DType dtype, int rank) {
+  for (std::size_t i = 0; i < n; ++i) store_value(in, i, gradient_value(i, rank), dtype);
 }
 
 void store_value(void* buf, std::size_t i, double v, DType dtype) {

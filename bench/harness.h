@@ -12,6 +12,13 @@
 
 namespace zcoll::bench {
 
+// How far a lossy variant's result is from the exact one, on one rank.
+struct Accuracy {
+  long long wrong = 0;  // elements outside the variant's documented error bound (or not finite)
+  double max_abs = 0;   // max |result - exact|
+  double max_ref = 0;   // max |exact| (relative error = max_abs / max_ref)
+};
+
 struct Buffers {
   void* in;
   void* out;
@@ -38,6 +45,13 @@ struct CollectiveBench {
   void (*fill_input)(void* in, std::size_t n, DType dtype, ReduceOp op, int rank, int p, int root);
   void (*fill_expected)(void* expected, std::size_t count, DType dtype, ReduceOp op, int rank, int p,
                         int root);
+  // Optional, for -z (lossy variants, e.g. compressed allreduce; rows named by the variant,
+  // run by `run` on the input fill_gradient writes): check_variant throws
+  // std::invalid_argument for a name it does not know or a dtype / op it cannot do; accuracy
+  // compares this rank's result with the exact one (from gradient_value, in double).
+  void (*check_variant)(const std::string& name, DType dtype, ReduceOp op) = nullptr;
+  Accuracy (*accuracy)(const std::string& variant, const void* result, std::size_t count, DType dtype, ReduceOp op,
+                       int p) = nullptr;
 };
 
 // Parses flags, runs the sweep, prints the table; returns the process exit status.
@@ -47,6 +61,12 @@ int run_benchmark(int argc, char** argv, const CollectiveBench& bench);
 // helpers the collective files use to build expectations.
 double input_value(std::size_t i, int rank, ReduceOp op);
 void store_value(void* buf, std::size_t i, double v, DType dtype);
+double load_value(const void* buf, std::size_t i, DType dtype);
+// The input of lossy variants: gradient-like values (triangular in (-s, s), s from 1 to 8
+// changing every 4096 elements, every magnitude distinct), and that value as stored in dtype.
+double gradient_value(std::size_t i, int rank);
+double stored_gradient_value(std::size_t i, int rank, DType dtype);
+void fill_gradient(void* in, std::size_t n, DType dtype, int rank);
 // expected[i] for a reduction over all p ranks of element index `src_index`.
 void reduce_expected(void* dst, std::size_t dst_index, std::size_t src_index, DType dtype, ReduceOp op, int p);
 
