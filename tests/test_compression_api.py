@@ -1,0 +1,234 @@
+"""zcoll.compression in one process (a one-rank communicator): bad input, compress/decompress
+round trips and their bounds, one-rank allreduce == decompress(compress(x)) bit for bit, error
+feedback bookkeeping, stats, NaN/Inf, numpy and torch in and out."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import zcoll
+
+COMPRESSORS = [
+    lambda **kw: zcoll.GradientQuantizer(8, **kw),
+    lambda **kw: zcoll.GradientQuantizer(4, **kw),
+    lambda **kw: zcoll.GradientQuantizer(1, **kw),
+    lambda **kw: zcoll.GradientQuantizer(8, stochastic=True, seed=11, **kw),
+    lambda **kw: zcoll.GradientQuantizer(4, block=32, stochastic=True, **kw),
+    lambda **kw: zcoll.TopK(0.05, **kw),
+    lambda **kw: zcoll.TopK(0.05, exact=True, **kw),
+    lambda **kw: zcoll.RandomK(0.1, seed=5, **kw),
+    lambda **kw: zcoll.Threshold(1.0, **kw),
+    lambda **kw: zcoll.HalfPrecision("fp16", **kw),
+    lambda **kw: zcoll.HalfPrecision("bf16", **kw),
+]
+IDS = ["int8", "int4", "sign", "int8s", "int4s32", "topk", "topk_exact", "randomk", "threshold", "fp16", "bf16"]
+
+
+@pytest.fixture(scope="module")
+def comm():
+    with zcoll.Communicator() as c:
+        yield c
+
+
+def grad(n=5000, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n) * np.repeat(rng.uniform(0.01, 10, n // 128 + 1), 128)[:n]).astype(np.float32)
+
+
+def same_bits(a, b):
+    a = a.view(torch.int16).numpy() if isinstance(a, torch.Tensor) else a
+    b = b.view(torch.int16).numpy() if isinstance(b, torch.Tensor) else b
+    return a.tobytes() == b.tobytes()
+
+
+# -- bad input --------------------------------------------------------------------------------
+@pytest.mark.parametrize("make,message", [
+    (lambda: zcoll.GradientQuantizer(bits=3), "bits must be 8, 4 or 1"),
+    (lambda: zcoll.GradientQuantizer(bits=2), "bits must be 8, 4 or 1"),
+    (lambda: zcoll.GradientQuantizer(bits=4, block=33), "even block"),
+    (lambda: zcoll.GradientQuantizer(bits=1, block=12), "multiple of 8"),
+    (lambda: zcoll.GradientQuantizer(bits=1, stochastic=True), "stochastic"),
+    (lambda: zcoll.GradientQuantizer(block=0), "block must be a positive"),
+    (lambda: zcoll.TopK(0.0), r"ratio must be in \(0, 1\]"),
+    (lambda: zcoll.TopK(1.5), r"ratio must be in \(0, 1\]"),
+    (lambda: zcoll.RandomK(-0.1), r"ratio must be in \(0, 1\]"),
+    (lambda: zcoll.RandomK(float("nan")), r"ratio must be in \(0, 1\]"),
+    (lambda: zcoll.Threshold(-1.0), "threshold value"),
+    (lambda: zcoll.Threshold(float("nan")), "threshold value"),
+    (lambda: zcoll.HalfPrecision("fp8"), "'fp16' or 'bf16'"),
+])
+def test_bad_parameters(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_key_required_with_error_feedback(comm):
+    with pytest.raises(ValueError, match=r"pass key=.*error_feedback=False"):
+        comm.allreduce(grad(), compression=zcoll.GradientQuantizer())
+    with pytest.raises(ValueError, match="key="):
+        comm.allreduce(grad(), compression=zcoll.TopK(0.01))
+    comm.allreduce(grad(), compression=zcoll.GradientQuantizer(error_feedback=False))  # no key needed
+
+
+def test_shape_change_under_one_key(comm):
+    q = zcoll.GradientQuantizer()
+    comm.allreduce(grad(1000), compression=q, key="w")
+    with pytest.raises(ValueError, match=r"key 'w' holds a residual for shape \(1000,\).*reset\('w'\)"):
+        comm.allreduce(grad(1001), compression=q, key="w")
+    with pytest.raises(ValueError, match="shape"):
+        comm.allreduce(grad(1000).reshape(10, 100), compression=q, key="w")
+    q.reset("w")
+    comm.allreduce(grad(1001), compression=q, key="w")
+    assert q.residual("w").shape == (1001,)
+
+
+@pytest.mark.parametrize("op", ["max", "min", "prod"])
+def test_other_ops_rejected(comm, op):
+    with pytest.raises(ValueError, match="supports op 'sum' and 'avg'"):
+        comm.allreduce(grad(), op=op, compression=zcoll.HalfPrecision())
+
+
+def test_bad_calls(comm):
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        comm.allreduce(np.arange(10, dtype=np.int32), compression=zcoll.HalfPrecision())
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        comm.allreduce(np.arange(10, dtype=np.float64), compression=zcoll.HalfPrecision())
+    with pytest.raises(ValueError, match="leave algorithm='auto'"):
+        comm.allreduce(grad(), algorithm="ring", compression=zcoll.HalfPrecision())
+    with pytest.raises(TypeError, match="compression must be a zcoll compressor"):
+        comm.allreduce(grad(), compression="int8")
+    with pytest.raises(ValueError, match="key must be a str"):
+        comm.allreduce(grad(), compression=zcoll.GradientQuantizer(), key=3)
+    with pytest.raises(ValueError, match="not a payload"):
+        zcoll.TopK().decompress(zcoll.GradientQuantizer().compress(grad()))
+    payload = zcoll.GradientQuantizer().compress(grad(100))
+    with pytest.raises(ValueError, match="expected 100 float32"):
+        zcoll.GradientQuantizer().decompress(payload, out=np.empty(99, np.float32))
+
+
+# -- round trips --------------------------------------------------------------------------------
+def single_bound(c, x):
+    """|x - D(Q(x))| allowed per element for one compression (kernels/quantize.h, sparsify.h)."""
+    n = x.size
+    ax = np.abs(x.astype(np.float64))
+    if n == 0:
+        return ax
+    if isinstance(c, zcoll.GradientQuantizer):
+        nb = -(-n // c.block)
+        pad = np.zeros(nb * c.block)
+        pad[:n] = ax
+        absmax = np.repeat(pad.reshape(nb, c.block).max(axis=1), c.block)[:n]
+        k = 1.0 if c.bits == 1 else (1.0 if c.stochastic else 0.5) / (127 if c.bits == 8 else 7)
+        return absmax * (k + 2.0**-20)
+    if isinstance(c, zcoll.HalfPrecision):
+        return ax * (2.0**-11 if c.fmt == "fp16" else 2.0**-8) + 2.0**-25
+    if isinstance(c, zcoll.TopK):
+        return np.full(n, np.sort(ax)[::-1][zcoll._C.sparse_k(n, c.ratio) - 1])
+    if isinstance(c, zcoll.Threshold):
+        return np.full(n, c.value)
+    return ax  # random-k: an element not drawn is lost
+
+
+@pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
+@pytest.mark.parametrize("n", [0, 1, 7, 256, 257, 5000])
+def test_round_trip(make, n):
+    c = make(error_feedback=False)
+    x = grad(n) if n else np.zeros(0, np.float32)
+    payload = c.compress(x)
+    y = c.decompress(payload)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == x.shape
+    assert np.all(np.abs(y.astype(np.float64) - x) <= single_bound(c, x))
+    if isinstance(c, zcoll.GradientQuantizer) and n:
+        code_bytes = {8: n, 4: (n + 1) // 2, 1: (n + 7) // 8}[c.bits]
+        assert payload.nbytes == code_bytes + 4 * -(-n // c.block)
+    if isinstance(c, (zcoll.TopK, zcoll.RandomK)) and n:
+        assert payload.nbytes == 8 * zcoll._C.sparse_k(n, c.ratio)
+        assert np.count_nonzero(y) <= zcoll._C.sparse_k(n, c.ratio)
+    out = np.full(n, 7.0, np.float32)
+    assert c.decompress(payload, out=out) is out and same_bits(out, y)
+
+
+@pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
+@pytest.mark.parametrize("dtype", [np.float16, torch.bfloat16, torch.float32])
+def test_dtypes_and_kinds(comm, make, dtype):
+    x32 = grad(3000, seed=4)
+    x = torch.from_numpy(x32).to(dtype) if isinstance(dtype, torch.dtype) else x32.astype(dtype)
+    c = make(error_feedback=False)
+    y = c.decompress(c.compress(x))
+    assert type(y) is type(x) and y.dtype == x.dtype and tuple(y.shape) == tuple(x.shape)
+    z = comm.allreduce(x, op="avg", compression=make(error_feedback=False))
+    assert type(z) is type(x) and z.dtype == x.dtype
+    assert same_bits(y, z), "one-rank allreduce == decompress(compress(x))"
+    w = comm.allreduce(x, compression=make(error_feedback=False), out=x)  # in place
+    assert w is x and same_bits(x, y)
+
+
+@pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
+def test_one_rank_allreduce_is_the_codec(comm, make):
+    """With error feedback: allreduce on one rank == compress + decompress with the same key,
+    step after step, residuals included (the same seeds, the same bits)."""
+    a, b = make(error_feedback=True), make(error_feedback=True)
+    for step in range(3):
+        x = grad(2000, seed=step)
+        y = comm.allreduce(x, compression=a, key="k")
+        z = b.decompress(b.compress(x, key="k"))
+        assert same_bits(y, z), f"step {step}"
+        assert same_bits(a.residual("k"), b.residual("k"))
+        assert a.last_stats.wire_bytes == 0 and a.last_stats.count == 2000 and a.last_stats.nonfinite == 0
+
+
+def test_error_feedback_keeps_what_was_lost():
+    q = zcoll.GradientQuantizer(bits=1)
+    x = grad(1000)
+    y = q.decompress(q.compress(x, key="g"))
+    # r = x + 0; e = r - D(Q(r)): x == y + e up to one float32 rounding
+    assert np.allclose(y.astype(np.float64) + q.residual("g"), x, rtol=0, atol=1e-6 * np.abs(x).max())
+    t = zcoll.TopK(0.1)
+    y = t.decompress(t.compress(x, key="g"))
+    e = t.residual("g")
+    assert np.array_equal(y + e, x) and np.count_nonzero(y * e) == 0  # sent xor kept
+    y2 = t.decompress(t.compress(x, key="g"))  # second step picks from x + e
+    assert np.array_equal(y + y2 + t.residual("g"), 2 * x)
+    t.reset()
+    assert t.residual("g") is None
+
+
+def test_stats(comm):
+    q = zcoll.GradientQuantizer(8, measure_error=True)
+    x = grad(4096)
+    comm.allreduce(x, compression=q, key="w")
+    s = q.last_stats
+    assert s.key == "w" and s.count == 4096 and s.method == repr(q)
+    assert s.error_max_abs == np.abs(q.residual("w")).max() > 0
+    assert s.error_l2 == pytest.approx(np.linalg.norm(q.residual("w").astype(np.float64)), rel=1e-6)
+    q2 = zcoll.GradientQuantizer(8, error_feedback=False, measure_error=True)
+    comm.allreduce(x, compression=q2)
+    assert q2.last_stats.error_max_abs == s.error_max_abs  # the same first-step error, from a scratch residual
+    q3 = zcoll.GradientQuantizer(8, error_feedback=False)
+    comm.allreduce(x, compression=q3)
+    assert q3.last_stats.error_max_abs is None
+
+
+@pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nonfinite_raises(comm, make, value):
+    c = make(error_feedback=True)
+    x = grad(1000)
+    comm.allreduce(x, compression=c, key="layer3.bias")
+    x[:] = value  # every element, so that random-k draws one too
+    with pytest.raises(FloatingPointError, match="'layer3.bias'"):
+        comm.allreduce(x, compression=c, key="layer3.bias")
+    assert not c.residual("layer3.bias").any()
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        c.compress(x)
+    y = comm.allreduce(grad(1000), compression=c, key="layer3.bias")
+    assert np.isfinite(y).all()
+
+
+def test_fp16_overflow_raises(comm):
+    x = grad(100)
+    x[3] = 1e6  # beyond float16's range
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        comm.allreduce(x, compression=zcoll.HalfPrecision("fp16"))
+    comm.allreduce(x, compression=zcoll.HalfPrecision("bf16"))  # bfloat16 has float32's range
