@@ -4,16 +4,21 @@
 //          a slow link carries 4x (int8), 7.8x (int4), 28x (sign) or 2x (fp16/bf16) fewer bytes.
 // Layout:  the tensor is cut into p chunks of whole blocks (block_begin/block_count over the
 //          number of blocks), each chunk into nseg segments of whole blocks, at most
-//          max_segment_bytes of float32 input each. A (step, segment) pair is one pipeline unit.
+//          max_segment_bytes of float32 input each. A (step, segment) pair is one message;
+//          messages go step-major (every segment of step 0, then of step 1, ...).
 // Phases:  1. reduce-scatter, p-1 steps. Step 0: rank r encodes segment j of its chunk r
-//             (Q(x), hop 0; lazily, when the unit is first scheduled) and sends it to r+1.
+//             (Q(x), hop 0; lazily, when its message is first scheduled) and sends it to r+1.
 //             Step s: it receives chunk r-s-1's payload, combines D(in) + x -> Q (hop s+1,
 //             the fused kernel) into rs_area and sends that at step s+1.
 //          2. at the last step (p-2) the combined payload of chunk r+1 is final: it goes to
 //             ag_area and is decoded into `out` by its owner too, and
-//          3. allgather, p-1 steps right after each segment's last reduction (as in
-//             allreduce_ring.cc): final payloads travel unchanged; each rank decodes every
+//          3. allgather, p-1 steps: final payloads travel unchanged; each rank decodes every
 //             one it receives (and keeps a copy to forward).
+// Overlap: pipeline unit v sends message v and receives message v-1 (with nseg >= 2; message
+//          v depends on message v-nseg only), so while a rank combines or decodes what it
+//          received, its next message is already on the wire. (Pairing unit v's send with
+//          its own receive instead leaves the link idle during every combine: both ranks'
+//          messages finish together.) With nseg == 1 a unit sends and receives message v.
 //          Every rank decodes the same final payload bytes: results are bitwise identical.
 //          Error feedback: each rank adds its residual where it first uses its own input
 //          (step 0 or its combine) and keeps what that quantization lost; every element of the
@@ -55,7 +60,8 @@ class CompressedRing {
     ag_area_ = areas + p_ * nseg_ * stride_;
   }
 
-  std::size_t num_units() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
+  std::size_t num_messages() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
+  std::size_t num_units() const { return num_messages() + skew(); }
   std::size_t max_payload_bytes() const { return stride_; }
   std::size_t nonfinite() const { return nonfinite_; }
 
@@ -69,23 +75,25 @@ class CompressedRing {
     }
   }
 
-  Unit unit(std::size_t u) {
-    const Where w = where(u);
-    if (w.reduce) {
-      const int send_chunk = mod(rank_ - w.step, p_), recv_chunk = mod(rank_ - w.step - 1, p_);
-      const Seg send = segment(send_chunk, w.seg), recv = segment(recv_chunk, w.seg);
-      if (w.step == 0) encode_own_through(w.seg);
-      return Unit{rs(send_chunk, w.seg), codec_->payload_bytes(send.n), mod(rank_ + 1, p_),
-                  nullptr,               codec_->payload_bytes(recv.n), mod(rank_ - 1, p_)};
+  Unit unit(std::size_t v) {
+    Unit u{nullptr, 0, mod(rank_ + 1, p_), nullptr, 0, mod(rank_ - 1, p_)};
+    if (v < num_messages()) {  // send message v
+      const Where w = where(v);
+      const int chunk = w.reduce ? mod(rank_ - w.step, p_) : mod(rank_ + 1 - w.step, p_);
+      if (w.reduce && w.step == 0) encode_own_through(w.seg);
+      u.send = w.reduce ? rs(chunk, w.seg) : ag(chunk, w.seg);
+      u.send_bytes = codec_->payload_bytes(segment(chunk, w.seg).n);
     }
-    const int send_chunk = mod(rank_ + 1 - w.step, p_), recv_chunk = mod(rank_ - w.step, p_);
-    const Seg send = segment(send_chunk, w.seg), recv = segment(recv_chunk, w.seg);
-    return Unit{ag(send_chunk, w.seg), codec_->payload_bytes(send.n), mod(rank_ + 1, p_),
-                nullptr,               codec_->payload_bytes(recv.n), mod(rank_ - 1, p_)};
+    if (v >= skew()) {  // receive message v - skew
+      const Where w = where(v - skew());
+      const int chunk = w.reduce ? mod(rank_ - w.step - 1, p_) : mod(rank_ - w.step, p_);
+      u.recv_bytes = codec_->payload_bytes(segment(chunk, w.seg).n);
+    }
+    return u;
   }
 
-  void on_received(std::size_t u, const void* data) {
-    const Where w = where(u);
+  void on_received(std::size_t v, const void* data) {
+    const Where w = where(v - skew());
     if (w.reduce) {
       const int chunk = mod(rank_ - w.step - 1, p_);
       const Seg s = segment(chunk, w.seg);
@@ -111,15 +119,12 @@ class CompressedRing {
     std::size_t seg;
   };
 
-  // The unit order of allreduce_ring.cc: reduce-scatter steps 0..p-3 step-major, then per
-  // segment its last reduce-scatter step followed by its p-1 allgather steps.
-  Where where(std::size_t u) const {
-    const std::size_t head = static_cast<std::size_t>(p_ - 2) * nseg_;
-    if (u < head) return {true, static_cast<int>(u / nseg_), u % nseg_};
-    const std::size_t v = u - head, seg = v / p_;
-    const int k = static_cast<int>(v % p_);
-    return k == 0 ? Where{true, p_ - 2, seg} : Where{false, k - 1, seg};
+  // Message m: step m / nseg (reduce-scatter steps 0..p-2, then allgather steps), segment m % nseg.
+  Where where(std::size_t m) const {
+    const int step = static_cast<int>(m / nseg_);
+    return step < p_ - 1 ? Where{true, step, m % nseg_} : Where{false, step - (p_ - 1), m % nseg_};
   }
+  std::size_t skew() const { return nseg_ >= 2 ? 1 : 0; }
 
   Seg segment(int chunk, std::size_t j) const {
     const Range g = split(Range{block_begin(granules_, p_, chunk), block_count(granules_, p_, chunk)}, nseg_, j);
@@ -132,7 +137,7 @@ class CompressedRing {
   }
 
   // Step-0 payloads of this rank's chunk, encoded in segment order the first time a unit
-  // needs one (units are first scheduled in increasing order).
+  // sends one (units are first scheduled in increasing order).
   void encode_own_through(std::size_t j) {
     for (; encoded_ <= j; ++encoded_) {
       const Seg s = segment(rank_, encoded_);
