@@ -101,14 +101,14 @@ def bound(name, c, xs, exact, op):
     return b / p if op == "avg" else b
 
 
-def check(name, dtype, n, op, seg, in_place):
+def check(name, dtype, n, op, seg, in_place, depth=0):
     c = COMPRESSORS[name]()
     xs = inputs(n, dtype)
     exact = np.sum(xs, axis=0) / (p if op == "avg" else 1) if n else np.zeros(0)
     x = as_dtype(xs[rank], dtype)
-    comm.segment_bytes = seg
+    comm.segment_bytes, comm.pipeline_depth = seg, depth
     y = comm.allreduce(x, op=op, compression=c, out=x if in_place else None)
-    comm.segment_bytes = 0
+    comm.segment_bytes, comm.pipeline_depth = 0, 0
     assert (y is x) == in_place
     everyone = world.allgather(raw_bytes(y))
     assert all(b == everyone[0] for b in everyone), f"{name} {dtype} n={n} {op}: ranks differ"
@@ -132,6 +132,9 @@ def suite_identical():
                     checks += check(name, dtype, n, op, 0, in_place=n == 1000)
                 if n >= 1000:  # several segments per chunk: one block of 256 per segment
                     checks += check(name, dtype, n, "sum", 1024, in_place=False)
+                if n >= 1000 and dtype == "float32":  # the send stream 0 and 1 messages ahead (default 3)
+                    checks += check(name, dtype, n, "avg", 1024, in_place=True, depth=1)
+                    checks += check(name, dtype, n, "sum", 1024, in_place=False, depth=2)
     return checks
 
 
