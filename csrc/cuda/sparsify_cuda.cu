@@ -62,16 +62,17 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   auto* index_in = reinterpret_cast<std::uint32_t*>(base + 2 * align(4 * n));
   auto* index_out = reinterpret_cast<std::uint32_t*>(base + 3 * align(4 * n));
   void* temp = base + 4 * align(4 * n);
-  std::size_t temp_bytes = workspace_bytes - 4 * align(4 * n);
+  const std::size_t temp_bytes = workspace_bytes - 4 * align(4 * n);
+  std::size_t sort1_bytes = temp_bytes, sort2_bytes = temp_bytes;  // cub takes them by reference
   const int m = static_cast<int>(n);
   // 1. keys and indices
   keys_kernel<<<grid_for(n), 256, 0, s>>>(x, n, keys_in, index_in);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
   // 2. stable descending sort by |x| bits (31 bits: the sign bit is cleared)
-  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, keys_in, keys_out, index_in, index_out,
+  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp, sort1_bytes, keys_in, keys_out, index_in, index_out,
                                                              m, 0, 31, s));
   // 3. the k first indices in increasing order, then their values
-  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, temp_bytes, index_out, idx, static_cast<int>(k), 0, 32, s));
+  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, sort2_bytes, index_out, idx, static_cast<int>(k), 0, 32, s));
   gather_kernel<<<grid_for(k), 256, 0, s>>>(x, idx, k, val);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
 }
