@@ -5,10 +5,10 @@
 
 #include "common/check.h"
 
-#define ZCOLL_CUDA_CHECK(call)                                                                            \
-  do {                                                                                                    \
-    const cudaError_t zcoll_err_ = (call);                                                                \
-    if (zcoll_err_ != cudaSuccess)                                                                        \
-      throw ::zcoll::Error(::zcoll::detail::concat(__FILE__, ":", __LINE__, ": ", #call, " failed: ",    \
-                                                   cudaGetErrorString(zcoll_err_)));                      \
+#define ZCOLL_CUDA_CHECK(call)                                                                    \
+  do {                                                                                            \
+    const cudaError_t zcoll_err_ = (call);                                                        \
+    if (zcoll_err_ != cudaSuccess)                                                                \
+      throw ::zcoll::Error(::zcoll::detail::concat(__FILE__, ":", __LINE__, ": ", #call,          \
+                                                   " failed: ", cudaGetErrorString(zcoll_err_))); \
   } while (0)

@@ -18,7 +18,9 @@ constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(zcoll::float16_t h) { return __half2float(__ushort_as_half(h.bits)); }
-__device__ __forceinline__ float widen(zcoll::bfloat16_t h) { return __uint_as_float(std::uint32_t(h.bits) << 16); }
+__device__ __forceinline__ float widen(zcoll::bfloat16_t h) {
+  return __uint_as_float(std::uint32_t(h.bits) << 16);
+}
 
 // Warp 0: the sign quantizer's canonical sum (quant_math.h sum16) of |x| (times 2^-64 if rescale).
 template <typename T>
@@ -94,7 +96,8 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       for (std::size_t i = i0 + 8 * tid; i < i1; i += 8 * kThreads) {
         unsigned byte = 0;
-        for (unsigned t = 0; t < 8 && i + t < i1; ++t) byte |= (!bad && widen(x[i + t]) < 0.0f ? 1u : 0u) << t;
+        for (unsigned t = 0; t < 8 && i + t < i1; ++t)
+          byte |= (!bad && widen(x[i + t]) < 0.0f ? 1u : 0u) << t;
         codes[i / 8] = static_cast<std::uint8_t>(byte);
       }
     }
@@ -104,8 +107,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One thread per code byte: 1 (int8), 2 (int4) or 8 (sign) elements.
 template <int kBits, bool kAccumulate>
-__global__ void dequantize_kernel(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
-                                  float* y) {
+__global__ void dequantize_kernel(const std::uint8_t* codes, const float* scales, std::size_t n,
+                                  std::size_t block, float* y) {
   constexpr unsigned kPer = kBits == 8 ? 1 : kBits == 4 ? 2 : 8;
   const std::size_t units = (n + kPer - 1) / kPer;
   for (std::size_t u = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
@@ -115,9 +118,12 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, const float* scales
       const std::size_t i = u * kPer + t;
       const float s = scales[i / block];
       float d;
-      if (kBits == 8) d = __fmul_rn(static_cast<float>(static_cast<std::int8_t>(byte)), s);
-      else if (kBits == 4) d = __fmul_rn(static_cast<float>(unnibble(byte, t == 1)), s);
-      else d = decode_sign(((byte >> t) & 1u) != 0, s);
+      if (kBits == 8)
+        d = __fmul_rn(static_cast<float>(static_cast<std::int8_t>(byte)), s);
+      else if (kBits == 4)
+        d = __fmul_rn(static_cast<float>(unnibble(byte, t == 1)), s);
+      else
+        d = decode_sign(((byte >> t) & 1u) != 0, s);
       y[i] = kAccumulate ? __fadd_rn(y[i], d) : d;
     }
   }
@@ -128,23 +134,29 @@ unsigned grid_for(std::size_t work, unsigned threads) {
 }
 
 template <typename T, int kBits>
-void launch_quantize(const void* x, std::size_t n, const kernels::QuantParams& p, std::uint8_t* codes, float* scales,
-                     unsigned* bad, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>(std::min(kernels::num_blocks(n, p.block), std::size_t(1) << 20));
+void launch_quantize(const void* x, std::size_t n, const kernels::QuantParams& p, std::uint8_t* codes,
+                     float* scales, unsigned* bad, cudaStream_t s) {
+  const unsigned grid =
+      static_cast<unsigned>(std::min(kernels::num_blocks(n, p.block), std::size_t(1) << 20));
   const RngKey key = rng_key(p.seed);
   const T* xt = static_cast<const T*>(x);
   if (kBits != 1 && p.rounding == kernels::Rounding::kStochastic)
-    quantize_kernel<T, kBits, true><<<grid, kThreads, 0, s>>>(xt, n, p.block, key, p.offset, codes, scales, bad);
+    quantize_kernel<T, kBits, true>
+        <<<grid, kThreads, 0, s>>>(xt, n, p.block, key, p.offset, codes, scales, bad);
   else
-    quantize_kernel<T, kBits, false><<<grid, kThreads, 0, s>>>(xt, n, p.block, key, p.offset, codes, scales, bad);
+    quantize_kernel<T, kBits, false>
+        <<<grid, kThreads, 0, s>>>(xt, n, p.block, key, p.offset, codes, scales, bad);
 }
 
 template <typename T>
-void launch_bits(const void* x, std::size_t n, const kernels::QuantParams& p, std::uint8_t* codes, float* scales,
-                 unsigned* bad, cudaStream_t s) {
-  if (p.bits == 8) launch_quantize<T, 8>(x, n, p, codes, scales, bad, s);
-  else if (p.bits == 4) launch_quantize<T, 4>(x, n, p, codes, scales, bad, s);
-  else launch_quantize<T, 1>(x, n, p, codes, scales, bad, s);
+void launch_bits(const void* x, std::size_t n, const kernels::QuantParams& p, std::uint8_t* codes,
+                 float* scales, unsigned* bad, cudaStream_t s) {
+  if (p.bits == 8)
+    launch_quantize<T, 8>(x, n, p, codes, scales, bad, s);
+  else if (p.bits == 4)
+    launch_quantize<T, 4>(x, n, p, codes, scales, bad, s);
+  else
+    launch_quantize<T, 1>(x, n, p, codes, scales, bad, s);
 }
 
 }  // namespace
@@ -156,9 +168,12 @@ void quantize(const void* x, DType dtype, std::size_t n, const kernels::QuantPar
                 "CUDA quantize input must be float32, float16 or bfloat16, not ", dtype_name(dtype));
   if (n == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (dtype == DType::kFloat16) launch_bits<float16_t>(x, n, p, codes, scales, nonfinite_blocks, s);
-  else if (dtype == DType::kBFloat16) launch_bits<bfloat16_t>(x, n, p, codes, scales, nonfinite_blocks, s);
-  else launch_bits<float>(x, n, p, codes, scales, nonfinite_blocks, s);
+  if (dtype == DType::kFloat16)
+    launch_bits<float16_t>(x, n, p, codes, scales, nonfinite_blocks, s);
+  else if (dtype == DType::kBFloat16)
+    launch_bits<bfloat16_t>(x, n, p, codes, scales, nonfinite_blocks, s);
+  else
+    launch_bits<float>(x, n, p, codes, scales, nonfinite_blocks, s);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -170,9 +185,12 @@ void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, c
   const std::size_t bytes = kernels::code_bytes(n, p.bits);
   const unsigned grid = grid_for(bytes, kThreads);
   auto go = [&](auto kernel) { kernel<<<grid, kThreads, 0, s>>>(codes, scales, n, p.block, y); };
-  if (p.bits == 8) accumulate ? go(dequantize_kernel<8, true>) : go(dequantize_kernel<8, false>);
-  else if (p.bits == 4) accumulate ? go(dequantize_kernel<4, true>) : go(dequantize_kernel<4, false>);
-  else accumulate ? go(dequantize_kernel<1, true>) : go(dequantize_kernel<1, false>);
+  if (p.bits == 8)
+    accumulate ? go(dequantize_kernel<8, true>) : go(dequantize_kernel<8, false>);
+  else if (p.bits == 4)
+    accumulate ? go(dequantize_kernel<4, true>) : go(dequantize_kernel<4, false>);
+  else
+    accumulate ? go(dequantize_kernel<1, true>) : go(dequantize_kernel<1, false>);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
 }
 

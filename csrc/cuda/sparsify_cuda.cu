@@ -14,14 +14,16 @@ namespace zcoll::cuda {
 namespace {
 
 __global__ void keys_kernel(const float* x, std::size_t n, std::uint32_t* keys, std::uint32_t* index) {
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(blockDim.x) * gridDim.x) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(blockDim.x) * gridDim.x) {
     keys[i] = kernels::qmath::abs_bits(x[i]);
     index[i] = static_cast<std::uint32_t>(i);
   }
 }
 
 __global__ void gather_kernel(const float* x, const std::uint32_t* idx, std::size_t k, float* val) {
-  for (std::size_t j = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += std::size_t(blockDim.x) * gridDim.x)
+  for (std::size_t j = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; j < k;
+       j += std::size_t(blockDim.x) * gridDim.x)
     val[j] = x[idx[j]];
 }
 
@@ -35,10 +37,9 @@ std::size_t align(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 std::size_t cub_bytes(std::size_t n) {
   std::size_t pairs = 0, keys = 0;
   const int m = static_cast<int>(n);
-  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, pairs, static_cast<std::uint32_t*>(nullptr),
-                                                             static_cast<std::uint32_t*>(nullptr),
-                                                             static_cast<std::uint32_t*>(nullptr),
-                                                             static_cast<std::uint32_t*>(nullptr), m, 0, 31));
+  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, pairs, static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+      static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr), m, 0, 31));
   ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, keys, static_cast<std::uint32_t*>(nullptr),
                                                   static_cast<std::uint32_t*>(nullptr), m, 0, 32));
   return std::max(pairs, keys);
@@ -54,7 +55,8 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   ZCOLL_REQUIRE(k <= n, "k = ", k, " is larger than the number of elements n = ", n);
   if (k == 0) return;
   const std::size_t need = topk_workspace_bytes(n);
-  ZCOLL_REQUIRE(workspace_bytes >= need, "CUDA top-k needs ", need, " bytes of workspace, got ", workspace_bytes);
+  ZCOLL_REQUIRE(workspace_bytes >= need, "CUDA top-k needs ", need, " bytes of workspace, got ",
+                workspace_bytes);
   const auto s = static_cast<cudaStream_t>(stream);
   auto* base = static_cast<char*>(workspace);
   auto* keys_in = reinterpret_cast<std::uint32_t*>(base);
@@ -69,10 +71,11 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   keys_kernel<<<grid_for(n), 256, 0, s>>>(x, n, keys_in, index_in);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
   // 2. stable descending sort by |x| bits (31 bits: the sign bit is cleared)
-  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp, sort1_bytes, keys_in, keys_out, index_in, index_out,
-                                                             m, 0, 31, s));
+  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp, sort1_bytes, keys_in, keys_out, index_in,
+                                                             index_out, m, 0, 31, s));
   // 3. the k first indices in increasing order, then their values
-  ZCOLL_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, sort2_bytes, index_out, idx, static_cast<int>(k), 0, 32, s));
+  ZCOLL_CUDA_CHECK(
+      cub::DeviceRadixSort::SortKeys(temp, sort2_bytes, index_out, idx, static_cast<int>(k), 0, 32, s));
   gather_kernel<<<grid_for(k), 256, 0, s>>>(x, idx, k, val);
   ZCOLL_CUDA_CHECK(cudaGetLastError());
 }

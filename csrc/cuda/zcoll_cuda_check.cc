@@ -26,22 +26,26 @@ using namespace zcoll;
 
 int failures = 0;
 
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
+#define CHECK_CUDA(call)                                                                          \
+  do {                                                                                            \
+    const cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 template <typename T>
 struct Dev {
   T* p = nullptr;
   std::size_t n = 0;
-  explicit Dev(std::size_t count) : n(count) { CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(1, count) * sizeof(T))); }
+  explicit Dev(std::size_t count) : n(count) {
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(1, count) * sizeof(T)));
+  }
   ~Dev() { cudaFree(p); }
-  void put(const std::vector<T>& v) { CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  void put(const std::vector<T>& v) {
+    CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
   std::vector<T> get() const {
     std::vector<T> v(n);
     CHECK_CUDA(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -81,29 +85,35 @@ std::vector<float> data(std::size_t n, unsigned seed) {
 // Host copy of x in dtype (raw 16-bit words for the half types).
 std::vector<std::uint16_t> narrow(const std::vector<float>& x, DType d) {
   std::vector<std::uint16_t> h(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) h[i] = d == DType::kFloat16 ? float_to_fp16(x[i]) : float_to_bf16(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    h[i] = d == DType::kFloat16 ? float_to_fp16(x[i]) : float_to_bf16(x[i]);
   return h;
 }
 
 void check_quantize(std::size_t n, DType dtype, const kernels::QuantParams& p) {
-  const std::string what = "quantize n=" + std::to_string(n) + " dtype=" + dtype_name(dtype) + " bits=" +
-                           std::to_string(p.bits) + (p.rounding == kernels::Rounding::kStochastic ? " stochastic" : "");
+  const std::string what = "quantize n=" + std::to_string(n) + " dtype=" + dtype_name(dtype) +
+                           " bits=" + std::to_string(p.bits) +
+                           (p.rounding == kernels::Rounding::kStochastic ? " stochastic" : "");
   const std::vector<float> x = data(n, unsigned(n) + p.bits);
   const std::vector<std::uint16_t> h = narrow(x, dtype);
   const void* host_in = dtype == DType::kFloat32 ? static_cast<const void*>(x.data()) : h.data();
   const std::size_t nb = kernels::num_blocks(n, p.block), cb = kernels::code_bytes(n, p.bits);
   std::vector<std::uint8_t> codes(cb);
   std::vector<float> scales(nb);
-  const auto st = kernels::quantize(host_in, dtype, n, p, codes.data(), scales.data(), kernels::KernelImpl::kScalar);
+  const auto st =
+      kernels::quantize(host_in, dtype, n, p, codes.data(), scales.data(), kernels::KernelImpl::kScalar);
   Dev<float> dx(n);
   Dev<std::uint16_t> dh(n);
   Dev<std::uint8_t> dc(cb);
   Dev<float> ds(nb);
   Dev<unsigned> bad(1);
   bad.put({0u});
-  if (dtype == DType::kFloat32) dx.put(x);
-  else dh.put(h);
-  cuda::quantize(dtype == DType::kFloat32 ? static_cast<const void*>(dx.p) : dh.p, dtype, n, p, dc.p, ds.p, bad.p);
+  if (dtype == DType::kFloat32)
+    dx.put(x);
+  else
+    dh.put(h);
+  cuda::quantize(dtype == DType::kFloat32 ? static_cast<const void*>(dx.p) : dh.p, dtype, n, p, dc.p, ds.p,
+                 bad.p);
   CHECK_CUDA(cudaDeviceSynchronize());
   expect(same_bytes(dc.get(), codes), what + ": codes");
   expect(same_bytes(ds.get(), scales), what + ": scales");
@@ -135,7 +145,8 @@ void check_nonfinite() {
   cuda::quantize(dx.p, DType::kFloat32, x.size(), kernels::QuantParams{}, dc.p, ds.p, bad.p);
   CHECK_CUDA(cudaDeviceSynchronize());
   const auto s = ds.get();
-  expect(bad.get()[0] == 2 && std::isnan(s[1]) && std::isnan(s[3]) && !std::isnan(s[0]), "non-finite blocks flagged");
+  expect(bad.get()[0] == 2 && std::isnan(s[1]) && std::isnan(s[3]) && !std::isnan(s[0]),
+         "non-finite blocks flagged");
 }
 
 void check_topk(std::size_t n, std::size_t k) {
@@ -144,7 +155,8 @@ void check_topk(std::size_t n, std::size_t k) {
   for (std::size_t i = 0; i < n; i += 97) x[i] = std::round(x[i]);  // ties
   std::vector<std::uint32_t> idx(k);
   std::vector<float> val(k);
-  kernels::topk(x.data(), n, k, idx.data(), val.data(), kernels::TopkMethod::kExact, 0, kernels::KernelImpl::kScalar);
+  kernels::topk(x.data(), n, k, idx.data(), val.data(), kernels::TopkMethod::kExact, 0,
+                kernels::KernelImpl::kScalar);
   Dev<float> dx(n);
   dx.put(x);
   Dev<std::uint32_t> di(k);
@@ -221,7 +233,10 @@ int main() {
       check_quantize(n, d, {1, 8});
     }
   check_nonfinite();
-  for (auto [n, k] : {std::pair<std::size_t, std::size_t>{1, 1}, {1000, 10}, {4097, 4097}, {1 << 20, 10486},
+  for (auto [n, k] : {std::pair<std::size_t, std::size_t>{1, 1},
+                      {1000, 10},
+                      {4097, 4097},
+                      {1 << 20, 10486},
                       {1 << 24, 167772}})
     check_topk(n, k);
   timings();

@@ -65,8 +65,8 @@
 // bit-identical codes, scales and float outputs: the same IEEE operations in the same order (no
 // FMA contraction, the sign mean uses a fixed 16-lane summation order, no float reduction
 // elsewhere: absmax is an integer max), checked by tests/test_compression_kernels.py on the CPU
-// and by zcoll_cuda_check on a GPU machine. So no tolerance is needed between implementations; only NaN payloads are
-// unspecified (a sum of two NaNs may keep either).
+// and by zcoll_cuda_check on a GPU machine. So no tolerance is needed between implementations; only NaN
+// payloads are unspecified (a sum of two NaNs may keep either).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -123,8 +123,8 @@ void dequantize_add(const std::uint8_t* codes, const float* scales, std::size_t 
 // One hop of a compressed ring: s = D(codes_in, scales_in) + x; (codes_out, scales_out) = Q(s);
 // also writes s to sum_out when it is not null. Input and output payloads use the same params.
 QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,
-                                    DType dtype, std::size_t n, const QuantParams& p,
-                                    std::uint8_t* codes_out, float* scales_out, float* sum_out = nullptr,
+                                    DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes_out,
+                                    float* scales_out, float* sum_out = nullptr,
                                     KernelImpl impl = KernelImpl::kDispatch);
 
 // Error feedback fused into the compress pass: r = g + e; (codes, scales) = Q(r); e = r - D(Q(r)).
@@ -135,6 +135,7 @@ QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, con
 
 // y = x converted: float32 -> float16 / bfloat16 (round to nearest even, NaN stays a quiet NaN,
 // overflow to Inf as IEEE) or float16 / bfloat16 -> float32 (exact). Other pairs: invalid_argument.
-void cast(const void* x, DType from, void* y, DType to, std::size_t n, KernelImpl impl = KernelImpl::kDispatch);
+void cast(const void* x, DType from, void* y, DType to, std::size_t n,
+          KernelImpl impl = KernelImpl::kDispatch);
 
 }  // namespace zcoll::kernels
