@@ -586,6 +586,27 @@ def test_topk_ties_and_specials(impl):
     assert np.isnan(val[0]) and np.isinf(val[1:]).all()
 
 
+@pytest.mark.parametrize("k", [2621, 10486, 40000])
+def test_topk_mostly_zeros(k):
+    # 0.5% non-zeros (an embedding gradient): k beyond them must take the lowest-index zeros
+    n = 1 << 20
+    rng = np.random.default_rng(k)
+    x = np.zeros(n, np.float32)
+    nz = rng.choice(n, n // 200, replace=False)
+    x[nz] = rng.standard_normal(nz.size)
+    x[rng.choice(n, 100, replace=False)] = -0.0
+    want = np_topk(x, k)
+    for impl in IMPLS:
+        for method in ("sampled", "exact"):
+            idx, val = topk(x, k, method, impl=impl)
+            assert np.array_equal(idx, want), (impl, method)
+            assert bits_equal(val, x[idx])
+        g, e = x.copy(), np.zeros(n, np.float32)
+        idx2, val2 = np.zeros(k, np.uint32), np.zeros(k, np.float32)
+        C.topk_ef(addr(g), addr(e), n, k, addr(idx2), addr(val2), impl=impl)
+        assert np.array_equal(idx2, want)
+
+
 def test_topk_sampled_seed_independent():
     x = gradient(1 << 20, seed=3)
     a = topk(x, 10486, seed=1)

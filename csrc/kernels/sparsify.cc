@@ -88,8 +88,10 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
   return method == TopkMethod::kSampled && n >= 16384 && k <= n / 4;
 }
 
-// Sampled top-k (sparsify.h, phases 1-4). `gather` runs phase 3 into (cidx, cval, cap) and
-// returns the candidate count; false means "fall back to exact".
+// Sampled top-k (sparsify.h, phases 1-4). `gather(t, ...)` runs phase 3 into (cidx, cval, cap):
+// every key > t and the first k keys == t (enough for any tie at t: if the k-th largest key is
+// t, the result is all keys > t plus the lowest-index keys == t), and returns their count;
+// false means "fall back to exact".
 template <typename ValueAt, typename Gather>
 bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
                   std::uint32_t* idx, float* val) {
@@ -98,7 +100,7 @@ bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt valu
   std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at);
   const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
   const std::size_t expect = static_cast<std::size_t>(double(n) * double(r) / double(s));
-  const std::size_t cap = std::min(n, 2 * expect + 4096);
+  const std::size_t cap = std::min(n, 2 * expect + k + 4096);
   thread_local std::vector<std::uint32_t> cidx, ckeys;
   thread_local std::vector<float> cval;
   if (cidx.size() < cap) {
@@ -135,7 +137,7 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   if (use_sampled(method, n, k) && topk_sampled(
                                        n, k, seed, [x](std::size_t i) { return x[i]; },
                                        [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-                                         return ops.select(x, n, t, kAll, ci, cv, cap);
+                                         return ops.select(x, n, t, k, ci, cv, cap);
                                        },
                                        idx, val))
     return;
@@ -152,7 +154,7 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
     done = topk_sampled(
         n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-          return ops.select_ef(g, e, n, t, kAll, ci, cv, cap);
+          return ops.select_ef(g, e, n, t, k, ci, cv, cap);
         },
         idx, val);
   } else {

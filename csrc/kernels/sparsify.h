@@ -26,13 +26,15 @@
 //   kSampled  1. |x| of s = clamp(n/16, 1024, 65536) elements at seeded random positions;
 //             2. T = the sample's r-th largest, r = mu + 4 sqrt(mu) + 4, mu = s k / n, so that
 //                |x| >= T holds for a few sigma more than k elements;
-//             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| >= T (~1.05-1.2 k);
+//             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| > T and the first
+//                k with |x[i]| == T (~1.05-1.2 k candidates; ties at T, e.g. zeros, are capped);
 //             4. exact selection (nth_element) among those candidates fixes the result to
 //                exactly the k that kExact returns (every top-k element is a candidate).
 //             If the sample misjudged (fewer than k or too many candidates, probability
-//             ~1e-5 for smooth data, or heavy ties) it falls back to kExact: same result, slower.
-//             Cost: one read of x (DRAM speed) + O(s + k log) work; scratch ~16 k bytes kept
+//             ~1e-5) it falls back to kExact: same result, slower.
+//             Cost: one read of x (DRAM speed) + O(s + k) work; scratch ~40 k bytes kept
 //             per thread. Used when n >= 16384 and k <= n / 4; otherwise kExact.
+// CUDA counterpart of topk: csrc/cuda/sparsify_cuda.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
