@@ -193,21 +193,27 @@ std::vector<Kernel> kernels(Data& d, double density) {
   ks.push_back({"memcpy", [&d, n](KernelImpl) { std::memcpy(d.dst.data(), d.x.data(), n * 4); }, none,
                 [&d] { return bytes_of(d.dst); }});
   auto quant = [&](const char* name, QuantParams p, std::vector<std::uint8_t>* codes) {
-    ks.push_back({name, [&d, n, p, codes](KernelImpl i) { quantize(d.x.data(), DType::kFloat32, n, p, codes->data(), d.s.data(), i); },
+    ks.push_back({name,
+                  [&d, n, p, codes](KernelImpl i) {
+                    quantize(d.x.data(), DType::kFloat32, n, p, codes->data(), d.s.data(), i);
+                  },
                   [] {}, [&d, codes] { return concat(*codes, d.s); }});
   };
   quant("quantize int8", q8, &d.c8);
   quant("quantize int8 stochastic", sr8, &d.c8);
   quant("quantize int4", q4, &d.c4);
   quant("quantize sign (1 bit)", q1, &d.c1);
-  ks.push_back({"dequantize int8", [&d, n, q8](KernelImpl i) { dequantize(d.cin8.data(), d.sin8.data(), n, q8, d.y.data(), i); },
+  ks.push_back({"dequantize int8",
+                [&d, n, q8](KernelImpl i) { dequantize(d.cin8.data(), d.sin8.data(), n, q8, d.y.data(), i); },
                 [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
-  ks.push_back({"dequantize+add int8",
-                [&d, n, q8](KernelImpl i) { dequantize_add(d.cin8.data(), d.sin8.data(), n, q8, d.y.data(), i); },
-                [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
-  ks.push_back({"dequantize+add int4",
-                [&d, n, q4](KernelImpl i) { dequantize_add(d.cin4.data(), d.sin4.data(), n, q4, d.y.data(), i); },
-                [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
+  ks.push_back(
+      {"dequantize+add int8",
+       [&d, n, q8](KernelImpl i) { dequantize_add(d.cin8.data(), d.sin8.data(), n, q8, d.y.data(), i); },
+       [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
+  ks.push_back(
+      {"dequantize+add int4",
+       [&d, n, q4](KernelImpl i) { dequantize_add(d.cin4.data(), d.sin4.data(), n, q4, d.y.data(), i); },
+       [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
   ks.push_back({"dequantize+add+quantize int8 (ring hop)",
                 [&d, n, q8](KernelImpl i) {
                   dequantize_add_quantize(d.cin8.data(), d.sin8.data(), d.x.data(), DType::kFloat32, n, q8,
@@ -215,31 +221,54 @@ std::vector<Kernel> kernels(Data& d, double density) {
                 },
                 none, [&d] { return concat(d.cout8, d.sout); }});
   ks.push_back({"quantize int8 + error feedback",
-                [&d, n, q8](KernelImpl i) { quantize_ef(d.x.data(), DType::kFloat32, d.e.data(), n, q8, d.c8.data(), d.s.data(), i); },
+                [&d, n, q8](KernelImpl i) {
+                  quantize_ef(d.x.data(), DType::kFloat32, d.e.data(), n, q8, d.c8.data(), d.s.data(), i);
+                },
                 [&d] { d.e = d.e0; }, [&d] { return concat(d.e, d.c8); }});
-  ks.push_back({"cast float32 -> bfloat16",
-                [&d, n](KernelImpl i) { cast(d.x.data(), DType::kFloat32, d.h.data(), DType::kBFloat16, n, i); }, none,
-                [&d] { return bytes_of(d.h); }});
-  ks.push_back({"cast float32 -> float16",
-                [&d, n](KernelImpl i) { cast(d.x.data(), DType::kFloat32, d.h.data(), DType::kFloat16, n, i); }, none,
-                [&d] { return bytes_of(d.h); }});
+  ks.push_back(
+      {"cast float32 -> bfloat16",
+       [&d, n](KernelImpl i) { cast(d.x.data(), DType::kFloat32, d.h.data(), DType::kBFloat16, n, i); }, none,
+       [&d] { return bytes_of(d.h); }});
+  ks.push_back(
+      {"cast float32 -> float16",
+       [&d, n](KernelImpl i) { cast(d.x.data(), DType::kFloat32, d.h.data(), DType::kFloat16, n, i); }, none,
+       [&d] { return bytes_of(d.h); }});
   char pct_buf[32];
   std::snprintf(pct_buf, sizeof pct_buf, "%g%%", 100.0 * density);
   const std::string pct = pct_buf;
   ks.push_back({"top-k " + pct + " sampled",
-                [&d, n](KernelImpl i) { topk(d.x.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kSampled, 1, i); },
-                none, [&d] { return concat(std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k), std::vector<float>(d.val.begin(), d.val.begin() + d.k)); }});
+                [&d, n](KernelImpl i) {
+                  topk(d.x.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kSampled, 1, i);
+                },
+                none,
+                [&d] {
+                  return concat(std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k),
+                                std::vector<float>(d.val.begin(), d.val.begin() + d.k));
+                }});
   ks.push_back({"top-k " + pct + " exact (nth_element)",
-                [&d, n](KernelImpl i) { topk(d.x.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kExact, 1, i); },
-                none, [&d] { return concat(std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k), std::vector<float>(d.val.begin(), d.val.begin() + d.k)); }});
-  ks.push_back({"top-k " + pct + " sampled + error feedback",
-                [&d, n](KernelImpl i) { topk_ef(d.x.data(), d.e.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kSampled, 1, i); },
-                [&d] { d.e = d.e0; }, [&d] { return concat(d.e, std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k)); }});
+                [&d, n](KernelImpl i) {
+                  topk(d.x.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kExact, 1, i);
+                },
+                none,
+                [&d] {
+                  return concat(std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k),
+                                std::vector<float>(d.val.begin(), d.val.begin() + d.k));
+                }});
+  ks.push_back(
+      {"top-k " + pct + " sampled + error feedback",
+       [&d, n](KernelImpl i) {
+         topk_ef(d.x.data(), d.e.data(), n, d.k, d.idx.data(), d.val.data(), TopkMethod::kSampled, 1, i);
+       },
+       [&d] { d.e = d.e0; },
+       [&d] { return concat(d.e, std::vector<std::uint32_t>(d.idx.begin(), d.idx.begin() + d.k)); }});
   ks.push_back({"threshold (about " + pct + ")",
-                [&d, n](KernelImpl i) { d.count = threshold(d.x.data(), n, d.thr, d.idx.data(), d.val.data(), d.capacity(), i); },
+                [&d, n](KernelImpl i) {
+                  d.count = threshold(d.x.data(), n, d.thr, d.idx.data(), d.val.data(), d.capacity(), i);
+                },
                 none, [&d] { return bytes_of(d.idx, d.count); }});
-  ks.push_back({"random-k " + pct, [&d, n](KernelImpl) { randomk(d.x.data(), n, d.k, 3, d.idx.data(), d.val.data()); },
-                none, [&d] { return bytes_of(d.idx, d.k); }});
+  ks.push_back({"random-k " + pct,
+                [&d, n](KernelImpl) { randomk(d.x.data(), n, d.k, 3, d.idx.data(), d.val.data()); }, none,
+                [&d] { return bytes_of(d.idx, d.k); }});
   ks.push_back({"scatter-add " + pct + " (per dense element)",
                 [&d, n](KernelImpl i) { scatter_add(d.y.data(), n, d.sidx.data(), d.sval.data(), d.k, i); },
                 [&d] { d.y = d.y0; }, [&d] { return bytes_of(d.y); }});
@@ -255,9 +284,12 @@ bool selected(const std::string& name, const std::string& only) {
 
 std::string human(std::size_t bytes) {
   char buf[32];
-  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) std::snprintf(buf, sizeof buf, "%zuMiB", bytes >> 20);
-  else if (bytes >= 1024 && bytes % 1024 == 0) std::snprintf(buf, sizeof buf, "%zuKiB", bytes >> 10);
-  else std::snprintf(buf, sizeof buf, "%zuB", bytes);
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%zuMiB", bytes >> 20);
+  else if (bytes >= 1024 && bytes % 1024 == 0)
+    std::snprintf(buf, sizeof buf, "%zuKiB", bytes >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%zuB", bytes);
   return buf;
 }
 
@@ -300,8 +332,8 @@ long run_size(std::size_t bytes, const Options& o) {
     if (j == 0) memcpy_gbs = gbs;
     char w[24] = "-";
     if (wrong[j] >= 0) std::snprintf(w, sizeof w, "%ld", wrong[j]);
-    std::printf("%8s  %-44s %11.2f %8.2f %8.2fx %7s\n", human(d.n * 4).c_str(), ks[j].name.c_str(), sec * 1e6, gbs,
-                gbs / memcpy_gbs, w);
+    std::printf("%8s  %-44s %11.2f %8.2f %8.2fx %7s\n", human(d.n * 4).c_str(), ks[j].name.c_str(), sec * 1e6,
+                gbs, gbs / memcpy_gbs, w);
   }
   std::fflush(stdout);
   long total = 0;
@@ -322,11 +354,13 @@ int main(int argc, char** argv) {
   const SimdLevel level = resolve(o.impl);
   std::printf("# zcoll_kernels_perf: 1 thread, kernels %s (detected %s), median of %d rounds\n",
               simd_level_name(level), simd_level_name(detected_simd_level()), o.rounds);
-  std::printf("# GB/s of float32 input (GB = 1e9 B); x memcpy: ratio to memcpy of the same buffer in this run;\n"
-              "# #wrong: output bytes differing from the scalar reference (expected 0)\n");
+  std::printf(
+      "# GB/s of float32 input (GB = 1e9 B); x memcpy: ratio to memcpy of the same buffer in this run;\n"
+      "# #wrong: output bytes differing from the scalar reference (expected 0)\n");
   std::printf("%8s  %-44s %11s %8s %9s %7s\n", "size", "kernel", "time_us", "GB/s", "x memcpy", "#wrong");
   long wrong = 0;
   for (std::size_t bytes : o.sizes) wrong += run_size(bytes, o);
-  if (wrong != 0) std::fprintf(stderr, "zcoll_kernels_perf: %ld output bytes differ from the scalar reference\n", wrong);
+  if (wrong != 0)
+    std::fprintf(stderr, "zcoll_kernels_perf: %ld output bytes differ from the scalar reference\n", wrong);
   return wrong != 0 ? 1 : 0;
 }

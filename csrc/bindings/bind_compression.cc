@@ -64,16 +64,17 @@ void bind_compression(py::module_& m) {
       [](std::uintptr_t x, int dtype, std::size_t n, std::uintptr_t codes, std::uintptr_t scales, int bits,
          std::size_t block, const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
          const std::string& impl) {
-        return status(quantize(ptr(x), static_cast<DType>(dtype), n, params(bits, block, rounding, seed, offset),
-                               ptr<std::uint8_t>(codes), ptr<float>(scales), parse_kernel_impl(impl)));
+        return status(quantize(ptr(x), static_cast<DType>(dtype), n,
+                               params(bits, block, rounding, seed, offset), ptr<std::uint8_t>(codes),
+                               ptr<float>(scales), parse_kernel_impl(impl)));
       },
       py::arg("x"), py::arg("dtype"), py::arg("n"), py::arg("codes"), py::arg("scales"), py::arg("bits") = 8,
       py::arg("block") = 256, py::arg("rounding") = "nearest", py::arg("seed") = 0, py::arg("offset") = 0,
       py::arg("impl") = "dispatch", release);
   m.def(
       "dequantize",
-      [](std::uintptr_t codes, std::uintptr_t scales, std::size_t n, std::uintptr_t y, int bits, std::size_t block,
-         bool accumulate, const std::string& impl) {
+      [](std::uintptr_t codes, std::uintptr_t scales, std::size_t n, std::uintptr_t y, int bits,
+         std::size_t block, bool accumulate, const std::string& impl) {
         const QuantParams p{bits, block};
         if (accumulate)
           dequantize_add(ptr<const std::uint8_t>(codes), ptr<const float>(scales), n, p, ptr<float>(y),
@@ -82,27 +83,28 @@ void bind_compression(py::module_& m) {
           dequantize(ptr<const std::uint8_t>(codes), ptr<const float>(scales), n, p, ptr<float>(y),
                      parse_kernel_impl(impl));
       },
-      py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("y"), py::arg("bits") = 8, py::arg("block") = 256,
-      py::arg("accumulate") = false, py::arg("impl") = "dispatch", release);
+      py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("y"), py::arg("bits") = 8,
+      py::arg("block") = 256, py::arg("accumulate") = false, py::arg("impl") = "dispatch", release);
   m.def(
       "dequantize_add_quantize",
       [](std::uintptr_t codes_in, std::uintptr_t scales_in, std::uintptr_t x, int dtype, std::size_t n,
-         std::uintptr_t codes_out, std::uintptr_t scales_out, std::uintptr_t sum_out, int bits, std::size_t block,
-         const std::string& rounding, std::uint64_t seed, std::uint64_t offset, const std::string& impl) {
-        return status(dequantize_add_quantize(ptr<const std::uint8_t>(codes_in), ptr<const float>(scales_in), ptr(x),
-                                              static_cast<DType>(dtype), n, params(bits, block, rounding, seed, offset),
-                                              ptr<std::uint8_t>(codes_out), ptr<float>(scales_out),
-                                              ptr<float>(sum_out), parse_kernel_impl(impl)));
+         std::uintptr_t codes_out, std::uintptr_t scales_out, std::uintptr_t sum_out, int bits,
+         std::size_t block, const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
+         const std::string& impl) {
+        return status(dequantize_add_quantize(
+            ptr<const std::uint8_t>(codes_in), ptr<const float>(scales_in), ptr(x), static_cast<DType>(dtype),
+            n, params(bits, block, rounding, seed, offset), ptr<std::uint8_t>(codes_out),
+            ptr<float>(scales_out), ptr<float>(sum_out), parse_kernel_impl(impl)));
       },
-      py::arg("codes_in"), py::arg("scales_in"), py::arg("x"), py::arg("dtype"), py::arg("n"), py::arg("codes_out"),
-      py::arg("scales_out"), py::arg("sum_out") = 0, py::arg("bits") = 8, py::arg("block") = 256,
-      py::arg("rounding") = "nearest", py::arg("seed") = 0, py::arg("offset") = 0, py::arg("impl") = "dispatch",
-      release);
+      py::arg("codes_in"), py::arg("scales_in"), py::arg("x"), py::arg("dtype"), py::arg("n"),
+      py::arg("codes_out"), py::arg("scales_out"), py::arg("sum_out") = 0, py::arg("bits") = 8,
+      py::arg("block") = 256, py::arg("rounding") = "nearest", py::arg("seed") = 0, py::arg("offset") = 0,
+      py::arg("impl") = "dispatch", release);
   m.def(
       "quantize_ef",
-      [](std::uintptr_t g, int dtype, std::uintptr_t e, std::size_t n, std::uintptr_t codes, std::uintptr_t scales,
-         int bits, std::size_t block, const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
-         const std::string& impl) {
+      [](std::uintptr_t g, int dtype, std::uintptr_t e, std::size_t n, std::uintptr_t codes,
+         std::uintptr_t scales, int bits, std::size_t block, const std::string& rounding, std::uint64_t seed,
+         std::uint64_t offset, const std::string& impl) {
         return status(quantize_ef(ptr(g), static_cast<DType>(dtype), ptr<float>(e), n,
                                   params(bits, block, rounding, seed, offset), ptr<std::uint8_t>(codes),
                                   ptr<float>(scales), parse_kernel_impl(impl)));
@@ -129,8 +131,8 @@ void bind_compression(py::module_& m) {
       py::arg("seed") = 0, py::arg("impl") = "dispatch", release);
   m.def(
       "topk_ef",
-      [](std::uintptr_t g, std::uintptr_t e, std::size_t n, std::size_t k, std::uintptr_t idx, std::uintptr_t val,
-         const std::string& method, std::uint64_t seed, const std::string& impl) {
+      [](std::uintptr_t g, std::uintptr_t e, std::size_t n, std::size_t k, std::uintptr_t idx,
+         std::uintptr_t val, const std::string& method, std::uint64_t seed, const std::string& impl) {
         topk_ef(ptr<const float>(g), ptr<float>(e), n, k, ptr<std::uint32_t>(idx), ptr<float>(val),
                 parse_method(method), seed, parse_kernel_impl(impl));
       },
@@ -144,8 +146,8 @@ void bind_compression(py::module_& m) {
       py::arg("x"), py::arg("n"), py::arg("k"), py::arg("seed") = 0, release);
   m.def(
       "threshold",
-      [](std::uintptr_t x, std::size_t n, float t, std::uintptr_t idx, std::uintptr_t val, std::size_t capacity,
-         const std::string& impl) {
+      [](std::uintptr_t x, std::size_t n, float t, std::uintptr_t idx, std::uintptr_t val,
+         std::size_t capacity, const std::string& impl) {
         return threshold(ptr<const float>(x), n, t, ptr<std::uint32_t>(idx), ptr<float>(val), capacity,
                          parse_kernel_impl(impl));
       },
@@ -153,7 +155,8 @@ void bind_compression(py::module_& m) {
       py::arg("impl") = "dispatch", release);
   m.def(
       "randomk",
-      [](std::uintptr_t x, std::size_t n, std::size_t k, std::uint64_t seed, std::uintptr_t idx, std::uintptr_t val) {
+      [](std::uintptr_t x, std::size_t n, std::size_t k, std::uint64_t seed, std::uintptr_t idx,
+         std::uintptr_t val) {
         randomk(ptr<const float>(x), n, k, seed, ptr<std::uint32_t>(idx), ptr<float>(val));
       },
       py::arg("x"), py::arg("n"), py::arg("k"), py::arg("seed"), py::arg("idx"), py::arg("val"), release);

@@ -16,24 +16,29 @@ void validate_float_input(DType dtype, const char* what) {
 }
 
 // Returns `call` made in the ISA namespace that impl resolves to.
-#define ZCOLL_QUANT_DISPATCH(impl, call)                   \
-  switch (resolve(impl)) {                                 \
-    case SimdLevel::kAvx512: return avx512::call;          \
-    case SimdLevel::kAvx2: return avx2::call;              \
-    case SimdLevel::kScalar: break;                        \
-  }                                                        \
+#define ZCOLL_QUANT_DISPATCH(impl, call) \
+  switch (resolve(impl)) {               \
+    case SimdLevel::kAvx512:             \
+      return avx512::call;               \
+    case SimdLevel::kAvx2:               \
+      return avx2::call;                 \
+    case SimdLevel::kScalar:             \
+      break;                             \
+  }                                      \
   return scalar::call
 
 }  // namespace
 
 void validate(const QuantParams& p) {
-  ZCOLL_REQUIRE(p.bits == 1 || p.bits == 4 || p.bits == 8, "quantization bits must be 1, 4 or 8, not ", p.bits);
+  ZCOLL_REQUIRE(p.bits == 1 || p.bits == 4 || p.bits == 8, "quantization bits must be 1, 4 or 8, not ",
+                p.bits);
   ZCOLL_REQUIRE(p.block > 0, "quantization block size must be positive");
-  ZCOLL_REQUIRE(p.bits != 4 || p.block % 2 == 0, "4-bit quantization needs an even block size, not ", p.block);
-  ZCOLL_REQUIRE(p.bits != 1 || p.block % 8 == 0, "1-bit quantization needs a block size that is a multiple of 8, not ",
+  ZCOLL_REQUIRE(p.bits != 4 || p.block % 2 == 0, "4-bit quantization needs an even block size, not ",
                 p.block);
-  ZCOLL_REQUIRE(p.rounding == Rounding::kNearest || p.rounding == Rounding::kStochastic, "unknown rounding mode ",
-                static_cast<int>(p.rounding));
+  ZCOLL_REQUIRE(p.bits != 1 || p.block % 8 == 0,
+                "1-bit quantization needs a block size that is a multiple of 8, not ", p.block);
+  ZCOLL_REQUIRE(p.rounding == Rounding::kNearest || p.rounding == Rounding::kStochastic,
+                "unknown rounding mode ", static_cast<int>(p.rounding));
   ZCOLL_REQUIRE(p.bits != 1 || p.rounding == Rounding::kNearest,
                 "stochastic rounding is defined for 8 and 4 bits, not for 1-bit sign quantization");
 }
@@ -73,8 +78,8 @@ void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, c
   ZCOLL_QUANT_DISPATCH(impl, dequantize(codes, scales, n, p, y, false));
 }
 
-void dequantize_add(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p, float* y,
-                    KernelImpl impl) {
+void dequantize_add(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p,
+                    float* y, KernelImpl impl) {
   validate(p);
   if (n == 0) return;
   ZCOLL_QUANT_DISPATCH(impl, dequantize(codes, scales, n, p, y, true));
@@ -86,7 +91,8 @@ QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* s
   validate(p);
   validate_float_input(dtype, "dequantize_add_quantize input");
   if (n == 0) return {};
-  ZCOLL_QUANT_DISPATCH(impl, dequantize_add_quantize(codes_in, scales_in, x, dtype, n, p, codes_out, scales_out, sum_out));
+  ZCOLL_QUANT_DISPATCH(
+      impl, dequantize_add_quantize(codes_in, scales_in, x, dtype, n, p, codes_out, scales_out, sum_out));
 }
 
 QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, const QuantParams& p,
@@ -100,8 +106,8 @@ QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, con
 void cast(const void* x, DType from, void* y, DType to, std::size_t n, KernelImpl impl) {
   const bool narrow = from == DType::kFloat32 && (to == DType::kFloat16 || to == DType::kBFloat16);
   const bool widen = to == DType::kFloat32 && (from == DType::kFloat16 || from == DType::kBFloat16);
-  ZCOLL_REQUIRE(narrow || widen, "cast supports float32 <-> float16 / bfloat16, not ", dtype_name(from), " -> ",
-                dtype_name(to));
+  ZCOLL_REQUIRE(narrow || widen, "cast supports float32 <-> float16 / bfloat16, not ", dtype_name(from),
+                " -> ", dtype_name(to));
   if (n == 0) return;
   ZCOLL_QUANT_DISPATCH(impl, cast(x, from, y, to, n));
 }

@@ -10,6 +10,12 @@
 //   cast                     float32 <-> float16 / bfloat16 (round to nearest even)
 // Every kernel is one sweep over memory: a block (default 256 elements, 1 KiB) is read once from
 // DRAM, its absmax taken, then coded from L1. Single-threaded; the caller chunks for threads.
+// Phases of a quantizing kernel, per block: 1. absmax pass (|v| bits as integers, + |v| sums for
+// sign), 2. scale, 3. code pass (divide, clamp, round, pack; decode for the fused outputs).
+// Cost, bytes per element for 8 bits, float32 data (4-bit codes: 0.5, sign: 0.125 instead of 1):
+//   quantize 4 read + 1 written; dequantize 1 + 4; dequantize_add 5 + 4;
+//   dequantize_add_quantize 5 + 1 (+ 4 with sum_out); quantize_ef 8 + 5; cast 4 + 2.
+// Measured with zcoll_kernels_perf (bench/kernels.cc); at 64 MiB all run near memory speed.
 //
 // ---- Quantizer (QuantParams) --------------------------------------------------------------
 // Inputs x, g: float32, float16 or bfloat16 (widened exactly to float32); y, e, s: float32.
@@ -17,8 +23,9 @@
 // one may be shorter); each block has one float32 scale.
 //   bits 8: code = round(x / scale) in [-127, 127], scale = absmax / 127, decode = code * scale
 //   bits 4: same with 7 instead of 127, codes in [-7, 7]
-//   bits 1: sign (signSGD / 1-bit Adam): scale = mean |x| of the block, bit = x < 0,
-//           decode = bit ? -scale : +scale (so -0.0 and +0.0 decode to +scale)
+//   bits 1: sign (signSGD / 1-bit Adam): scale = mean |x| of the block (summed in a fixed
+//           16-lane order, redone on |x| * 2^-64 if the sum overflows, clamped to absmax),
+//           bit = x < 0, decode = bit ? -scale : +scale (so -0.0 and +0.0 decode to +scale)
 // Rounding: kNearest (ties to even) or kStochastic (8 and 4 bits only): round up with
 // probability equal to the fractional part, drawn from a counter-based hash of
 // (seed, offset + i) (common/rng.h): unbiased (E[D(Q(x))] = x up to 2^-24 * scale), and
@@ -40,10 +47,12 @@
 //
 // ---- Error bounds (per element, finite input) ------------------------------------------------
 //   nearest 8/4 bits: |x - D(Q(x))| <= absmax / (2 Q) (absmax/254, absmax/14) up to float32
-//                     rounding: + absmax * 2^-22 + 2^-149 (the last for denormal scales)
+//                     rounding: + absmax * 2^-22, + Q * 2^-149 more when the scale is a
+//                     denormal (absmax < Q * 2^-126: its own rounding is then absolute)
 //   stochastic:       |x - D(Q(x))| < absmax / Q (one step), unbiased as above
 //   sign:             |x - D(Q(x))| = ||x| - mean|x|| <= max(mean, absmax - mean) <= absmax;
-//                     the decoded block keeps the block's L1 norm (sum |D| = sum |x|).
+//                     the decoded block keeps the block's L1 norm (sum |D| = sum |x|, up
+//                     to float32 rounding).
 // ---- NaN and Inf ------------------------------------------------------------------------------
 // Found for free by the absmax pass (|x| bit patterns compared as integers, NaN > Inf > finite).
 // A block holding NaN or +-Inf is not coded: its scale is NaN, its codes 0, its decode NaN (the
@@ -52,9 +61,12 @@
 // -0.0 codes as 0 (decodes to +0.0); denormals are quantized like any other value.
 //
 // ---- Determinism ------------------------------------------------------------------------------
-// Every implementation (scalar reference, AVX2, AVX-512) gives bit-identical codes, scales and
-// float outputs: the same IEEE operations in the same order (no FMA contraction, the sign
-// mean uses a fixed 16-lane summation order), checked by tests/test_compression_kernels.py.
+// Every implementation (scalar reference, AVX2, AVX-512, and CUDA in csrc/cuda) gives
+// bit-identical codes, scales and float outputs: the same IEEE operations in the same order (no
+// FMA contraction, the sign mean uses a fixed 16-lane summation order, no float reduction
+// elsewhere: absmax is an integer max), checked by tests/test_compression_kernels.py on the CPU
+// and by zcoll_cuda_check on a GPU machine. So no tolerance is needed between implementations; only NaN
+// payloads are unspecified (a sum of two NaNs may keep either).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -111,8 +123,8 @@ void dequantize_add(const std::uint8_t* codes, const float* scales, std::size_t 
 // One hop of a compressed ring: s = D(codes_in, scales_in) + x; (codes_out, scales_out) = Q(s);
 // also writes s to sum_out when it is not null. Input and output payloads use the same params.
 QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,
-                                    DType dtype, std::size_t n, const QuantParams& p,
-                                    std::uint8_t* codes_out, float* scales_out, float* sum_out = nullptr,
+                                    DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes_out,
+                                    float* scales_out, float* sum_out = nullptr,
                                     KernelImpl impl = KernelImpl::kDispatch);
 
 // Error feedback fused into the compress pass: r = g + e; (codes, scales) = Q(r); e = r - D(Q(r)).
@@ -123,6 +135,7 @@ QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, con
 
 // y = x converted: float32 -> float16 / bfloat16 (round to nearest even, NaN stays a quiet NaN,
 // overflow to Inf as IEEE) or float16 / bfloat16 -> float32 (exact). Other pairs: invalid_argument.
-void cast(const void* x, DType from, void* y, DType to, std::size_t n, KernelImpl impl = KernelImpl::kDispatch);
+void cast(const void* x, DType from, void* y, DType to, std::size_t n,
+          KernelImpl impl = KernelImpl::kDispatch);
 
 }  // namespace zcoll::kernels

@@ -10,6 +10,8 @@
 #include "kernels/quantize_isa.h"
 
 namespace zcoll::kernels::avx2 {
+// clang-format off: the vector operations first, then the kernels written over them
 #include "kernels/simd_ops_avx2.h"
 #include "kernels/quantize_simd.h"
+// clang-format on
 }  // namespace zcoll::kernels::avx2

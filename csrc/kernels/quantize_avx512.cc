@@ -13,6 +13,8 @@
 #include "kernels/quantize_isa.h"
 
 namespace zcoll::kernels::avx512 {
+// clang-format off: the vector operations first, then the kernels written over them
 #include "kernels/simd_ops_avx512.h"
 #include "kernels/quantize_simd.h"
+// clang-format on
 }  // namespace zcoll::kernels::avx512

@@ -6,15 +6,15 @@
 
 #include "kernels/quantize.h"
 
-#define ZCOLL_QUANTIZE_ISA_API                                                                              \
+#define ZCOLL_QUANTIZE_ISA_API                                                                               \
   QuantStatus quantize(const void* x, DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes, \
                        float* scales);                                                                       \
-  void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p,      \
+  void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p,       \
                   float* y, bool accumulate);                                                                \
-  QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,  \
+  QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,   \
                                       DType dtype, std::size_t n, const QuantParams& p,                      \
                                       std::uint8_t* codes_out, float* scales_out, float* sum_out);           \
-  QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, const QuantParams& p,        \
+  QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, const QuantParams& p,         \
                           std::uint8_t* codes, float* scales);                                               \
   void cast(const void* x, DType from, void* y, DType to, std::size_t n);
 

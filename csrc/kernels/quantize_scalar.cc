@@ -27,8 +27,10 @@ void put_code(std::uint8_t* codes, int bits, std::size_t i, int code) {
   if (bits == 8) {
     codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
   } else if (bits == 4) {
-    if (i % 2 == 0) codes[i / 2] = nibble(code);
-    else codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
+    if (i % 2 == 0)
+      codes[i / 2] = nibble(code);
+    else
+      codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
   } else {
     if (i % 8 == 0) codes[i / 8] = 0;
     codes[i / 8] = static_cast<std::uint8_t>(codes[i / 8] | (code << (i % 8)));
@@ -64,7 +66,8 @@ QuantStatus quantize_blocks(std::size_t n, const QuantParams& p, std::uint8_t* c
       const bool rescale = sign_sum_overflowed(sum);
       if (rescale) {
         for (float& l : lanes) l = 0.0f;
-        for (std::size_t i = i0; i < i1; ++i) lanes[(i - i0) % 16] += bitsf(abs_bits(value(b, i))) * kSignRescale;
+        for (std::size_t i = i0; i < i1; ++i)
+          lanes[(i - i0) % 16] += bitsf(abs_bits(value(b, i))) * kSignRescale;
         sum = sum16(lanes);
       }
       scale = sign_scale(sum, i1 - i0, amax, rescale);
@@ -74,10 +77,12 @@ QuantStatus quantize_blocks(std::size_t n, const QuantParams& p, std::uint8_t* c
     for (std::size_t i = i0; i < i1; ++i) {
       const float v = value(b, i);
       int code = 0;
-      if (!bad && p.bits == 1) code = v < 0.0f ? 1 : 0;
+      if (!bad && p.bits == 1)
+        code = v < 0.0f ? 1 : 0;
       else if (!bad && p.rounding == Rounding::kStochastic)
         code = code_stochastic(v, div, q, rng_u32(key, p.offset + i));
-      else if (!bad) code = code_nearest(v, div, q);
+      else if (!bad)
+        code = code_nearest(v, div, q);
       put_code(codes, p.bits, i, code);
       done(i, v, p.bits == 1 ? decode_sign(code != 0, scale) : decode(code, scale));
     }
@@ -93,7 +98,8 @@ QuantStatus quantize_t(const T* x, std::size_t n, const QuantParams& p, std::uin
 }
 
 template <typename T>
-QuantStatus ef_t(const T* g, float* e, std::size_t n, const QuantParams& p, std::uint8_t* codes, float* scales) {
+QuantStatus ef_t(const T* g, float* e, std::size_t n, const QuantParams& p, std::uint8_t* codes,
+                 float* scales) {
   return quantize_blocks(
       n, p, codes, scales, [&](std::size_t, std::size_t i) { return widen(g[i]) + e[i]; },
       [&](std::size_t i, float r, float d) { e[i] = r - d; });
@@ -103,7 +109,8 @@ template <typename T>
 QuantStatus hop_t(const std::uint8_t* cin, const float* sin, const T* x, std::size_t n, const QuantParams& p,
                   std::uint8_t* cout, float* sout, float* sum) {
   return quantize_blocks(
-      n, p, cout, sout, [&](std::size_t b, std::size_t i) { return decoded(cin, p.bits, i, sin[b]) + widen(x[i]); },
+      n, p, cout, sout,
+      [&](std::size_t b, std::size_t i) { return decoded(cin, p.bits, i, sin[b]) + widen(x[i]); },
       [&](std::size_t i, float s, float) {
         if (sum != nullptr) sum[i] = s;
       });
@@ -157,10 +164,14 @@ void cast(const void* x, DType from, void* y, DType to, std::size_t n) {
   auto* fo = static_cast<float*>(y);
   auto* ho = static_cast<std::uint16_t*>(y);
   for (std::size_t i = 0; i < n; ++i) {
-    if (from == DType::kFloat32 && to == DType::kFloat16) ho[i] = float_to_fp16(f[i]);
-    else if (from == DType::kFloat32 && to == DType::kBFloat16) ho[i] = float_to_bf16(f[i]);
-    else if (from == DType::kFloat16) fo[i] = fp16_to_float(h[i]);
-    else fo[i] = bf16_to_float(h[i]);
+    if (from == DType::kFloat32 && to == DType::kFloat16)
+      ho[i] = float_to_fp16(f[i]);
+    else if (from == DType::kFloat32 && to == DType::kBFloat16)
+      ho[i] = float_to_bf16(f[i]);
+    else if (from == DType::kFloat16)
+      fo[i] = fp16_to_float(h[i]);
+    else
+      fo[i] = bf16_to_float(h[i]);
   }
 }
 

@@ -75,8 +75,10 @@ void put_code(std::uint8_t* codes, int bits, std::size_t i, int code) {
   if (bits == 8) {
     codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
   } else if (bits == 4) {
-    if (i % 2 == 0) codes[i / 2] = nibble(code);
-    else codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
+    if (i % 2 == 0)
+      codes[i / 2] = nibble(code);
+    else
+      codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
   } else {
     if (i % 8 == 0) codes[i / 8] = 0;
     codes[i / 8] = static_cast<std::uint8_t>(codes[i / 8] | (code << (i % 8)));
@@ -105,7 +107,8 @@ std::uint32_t block_absmax(const Src& src, std::size_t i0, std::size_t i1, float
   for (; i < i1; ++i) {
     const float v = src.at(i);
     amax = amax > abs_bits(v) ? amax : abs_bits(v);
-    if constexpr (kSign) lanes[(i - i0) % 16] += kRescale ? bitsf(abs_bits(v)) * kSignRescale : bitsf(abs_bits(v));
+    if constexpr (kSign)
+      lanes[(i - i0) % 16] += kRescale ? bitsf(abs_bits(v)) * kSignRescale : bitsf(abs_bits(v));
   }
   if constexpr (kSign) *sum = sum16(lanes);
   return amax;
@@ -130,13 +133,16 @@ void code_block(Src& src, std::size_t i0, std::size_t i1, float scale, const Qua
     } else {
       c = V::rint(t);
     }
-    if constexpr (kBits == 8) V::store_i8(codes + i, c);
-    else V::store_i4(codes + i / 2, c);
+    if constexpr (kBits == 8)
+      V::store_i8(codes + i, c);
+    else
+      V::store_i4(codes + i / 2, c);
     src.done(i, v, V::mul(V::to_float(c), vs));
   }
   for (; i < i1; ++i) {
     const float v = src.at(i);
-    const int c = kStochastic ? code_stochastic(v, div, q, zcoll::rng_u32(key, p.offset + i)) : code_nearest(v, div, q);
+    const int c =
+        kStochastic ? code_stochastic(v, div, q, zcoll::rng_u32(key, p.offset + i)) : code_nearest(v, div, q);
     put_code(codes, kBits, i, c);
     src.done(i, v, decode(c, scale));
   }
@@ -170,7 +176,8 @@ void bad_block(Src& src, std::size_t i0, std::size_t i1, float scale, int bits, 
 }
 
 template <int kBits, bool kStochastic, class Src>
-QuantStatus quantize_blocks(Src& src, std::size_t n, const QuantParams& p, std::uint8_t* codes, float* scales) {
+QuantStatus quantize_blocks(Src& src, std::size_t n, const QuantParams& p, std::uint8_t* codes,
+                            float* scales) {
   QuantStatus st;
   const RngKey key = zcoll::rng_key(p.seed);
   for (std::size_t b = 0, i0 = 0; i0 < n; ++b, i0 += p.block) {
@@ -201,9 +208,11 @@ template <class Src>
 QuantStatus run(Src src, std::size_t n, const QuantParams& p, std::uint8_t* codes, float* scales) {
   const bool sr = p.rounding == Rounding::kStochastic;
   if (p.bits == 1) return quantize_blocks<1, false>(src, n, p, codes, scales);
-  if (p.bits == 4) return sr ? quantize_blocks<4, true>(src, n, p, codes, scales)
-                             : quantize_blocks<4, false>(src, n, p, codes, scales);
-  return sr ? quantize_blocks<8, true>(src, n, p, codes, scales) : quantize_blocks<8, false>(src, n, p, codes, scales);
+  if (p.bits == 4)
+    return sr ? quantize_blocks<4, true>(src, n, p, codes, scales)
+              : quantize_blocks<4, false>(src, n, p, codes, scales);
+  return sr ? quantize_blocks<8, true>(src, n, p, codes, scales)
+            : quantize_blocks<8, false>(src, n, p, codes, scales);
 }
 
 template <typename Fn>
@@ -214,7 +223,8 @@ decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
 }
 
 template <int kBits, bool kAccumulate>
-void dequantize_t(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block, float* y) {
+void dequantize_t(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
+                  float* y) {
   for (std::size_t b = 0, i0 = 0; i0 < n; ++b, i0 += block) {
     const std::size_t i1 = n - i0 < block ? n : i0 + block;
     const float s = scales[b];
@@ -232,7 +242,8 @@ void dequantize_t(const std::uint8_t* codes, const float* scales, std::size_t n,
 }
 
 template <bool kAccumulate>
-void dequantize_acc(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block, int bits, float* y) {
+void dequantize_acc(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
+                    int bits, float* y) {
   if (bits == 8) return dequantize_t<8, kAccumulate>(codes, scales, n, block, y);
   if (bits == 4) return dequantize_t<4, kAccumulate>(codes, scales, n, block, y);
   return dequantize_t<1, kAccumulate>(codes, scales, n, block, y);
@@ -259,7 +270,8 @@ QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* s
                                     float* scales_out, float* sum_out) {
   return dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return run(Hop<T>{codes_in, scales_in, static_cast<const T*>(x), sum_out, p.bits}, n, p, codes_out, scales_out);
+    return run(Hop<T>{codes_in, scales_in, static_cast<const T*>(x), sum_out, p.bits}, n, p, codes_out,
+               scales_out);
   });
 }
 
@@ -277,7 +289,8 @@ void cast(const void* x, DType from, void* y, DType to, std::size_t n) {
     const auto* f = static_cast<const float*>(x);
     auto* h = static_cast<std::uint16_t*>(y);
     const bool half = to == DType::kFloat16;
-    for (; i + kL <= n; i += kL) half ? V::store_f16(h + i, V::load(f + i)) : V::store_bf16(h + i, V::load(f + i));
+    for (; i + kL <= n; i += kL)
+      half ? V::store_f16(h + i, V::load(f + i)) : V::store_bf16(h + i, V::load(f + i));
     for (; i < n; ++i)
       h[i] = half ? static_cast<std::uint16_t>(_cvtss_sh(f[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
                   : store_bf16_scalar(f[i]);

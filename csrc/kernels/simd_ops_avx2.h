@@ -9,21 +9,26 @@ struct V {
   using Mask = unsigned;
 
   static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F load(const zcoll::float16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F load(const zcoll::float16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static F load(const zcoll::bfloat16_t* p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void store_f16(std::uint16_t* p, F v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   static void store_bf16(std::uint16_t* p, F v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i r =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
     const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     const __m256i h = _mm256_blendv_epi8(r, qnan, nan);  // 32-bit lanes, values <= 0xffff
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
@@ -37,10 +42,16 @@ struct V {
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
-  static F clamp(F v, F q) { return _mm256_min_ps(_mm256_max_ps(v, _mm256_sub_ps(_mm256_setzero_ps(), q)), q); }
+  static F clamp(F v, F q) {
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_sub_ps(_mm256_setzero_ps(), q)), q);
+  }
   static F floor(F v) { return _mm256_floor_ps(v); }
-  static F abs(F v) { return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff))); }
-  static F neg(F v) { return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_set1_epi32(int(0x80000000u)))); }
+  static F abs(F v) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff)));
+  }
+  static F neg(F v) {
+    return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_set1_epi32(int(0x80000000u))));
+  }
   static F zero() { return _mm256_setzero_ps(); }
   static I rint(F v) { return _mm256_cvtps_epi32(v); }
   static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
@@ -58,10 +69,12 @@ struct V {
   // Keys compared here are |x| bit patterns (< 2^31), so signed comparisons are exact.
   static Mask gt_u32(I a, std::uint32_t t) {
     if (t >= 0x80000000u) return 0;
-    return unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(int(t))))));
+    return unsigned(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(int(t))))));
   }
   static Mask eq_u32(I a, std::uint32_t t) {
-    return unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(int(t))))));
+    return unsigned(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_set1_epi32(int(t))))));
   }
 
   static I mix32(I x) {
@@ -78,23 +91,31 @@ struct V {
     __m256i hi = _mm256_set1_epi32(int(std::uint32_t(base >> 32)));
     if (b > 0xffffffffu - 7u) {  // some lanes wrap: carry (lo < b, unsigned) into the high word
       const __m256i bias = _mm256_set1_epi32(int(0x80000000u));
-      const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_set1_epi32(int(b)), bias), _mm256_xor_si256(lo, bias));
+      const __m256i wrapped =
+          _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_set1_epi32(int(b)), bias), _mm256_xor_si256(lo, bias));
       hi = _mm256_sub_epi32(hi, wrapped);  // wrapped lanes are -1
     }
     const __m256i h = mix32(_mm256_xor_si256(lo, _mm256_set1_epi32(int(k.k0))));
     return mix32(_mm256_add_epi32(h, _mm256_xor_si256(hi, _mm256_set1_epi32(int(k.k1)))));
   }
-  static F uniform(I h) { return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), set1(5.9604644775390625e-8f)); }
+  static F uniform(I h) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), set1(5.9604644775390625e-8f));
+  }
 
   // 8 int32 codes -> their low bytes, in order, in the low 8 bytes of an __m128i.
   static __m128i low_bytes(I c) {
-    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4,
+                                          8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i b =
+        _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
     return _mm256_castsi256_si128(b);
   }
-  static void store_i8(std::uint8_t* p, I c) { _mm_storel_epi64(reinterpret_cast<__m128i*>(p), low_bytes(c)); }
-  static I load_i8(const std::uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static void store_i8(std::uint8_t* p, I c) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), low_bytes(c));
+  }
+  static I load_i8(const std::uint8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store_i4(std::uint8_t* p, I c) {
     const __m128i b = low_bytes(c);
     const __m128i w = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x000f)),
@@ -106,11 +127,14 @@ struct V {
     int v;
     std::memcpy(&v, p, 4);
     const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(v));
-    __m128i t = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xf0)), 4));
+    __m128i t = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)),
+                             _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xf0)), 4));
     t = _mm_sub_epi8(_mm_xor_si128(t, _mm_set1_epi8(8)), _mm_set1_epi8(8));
     return _mm256_cvtepi8_epi32(t);
   }
-  static Mask neg_bits(F v) { return unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ))); }
+  static Mask neg_bits(F v) {
+    return unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ)));
+  }
   static void store_bits(std::uint8_t* p, Mask m) { p[0] = static_cast<std::uint8_t>(m); }
   static Mask load_bits(const std::uint8_t* p) { return p[0]; }
   static F sign_decode(Mask m, F s) {

@@ -28,9 +28,12 @@ struct Ops {
 
 Ops ops_for(KernelImpl impl) {
   switch (resolve(impl)) {
-    case SimdLevel::kAvx512: return {avx512::select, avx512::select_ef, avx512::scatter_add};
-    case SimdLevel::kAvx2: return {avx2::select, avx2::select_ef, avx2::scatter_add};
-    case SimdLevel::kScalar: break;
+    case SimdLevel::kAvx512:
+      return {avx512::select, avx512::select_ef, avx512::scatter_add};
+    case SimdLevel::kAvx2:
+      return {avx2::select, avx2::select_ef, avx2::scatter_add};
+    case SimdLevel::kScalar:
+      break;
   }
   return {scalar::select, scalar::select_ef, scalar::scatter_add};
 }
@@ -49,17 +52,20 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
 
 // Exact top-k of x[0..n): threshold key T by nth_element, then one selection pass that keeps
 // key > T and the first (k - #(key > T)) elements with key == T.
-void topk_exact(const Ops& ops, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val) {
+void topk_exact(const Ops& ops, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx,
+                float* val) {
   std::vector<std::uint32_t> keys(n);
   for (std::size_t i = 0; i < n; ++i) keys[i] = qmath::abs_bits(x[i]);
   const std::uint32_t t = kth_largest(keys.data(), n, k);
-  const std::size_t above = static_cast<std::size_t>(std::count_if(keys.begin(), keys.begin() + (k - 1),
-                                                                   [t](std::uint32_t v) { return v > t; }));
+  const std::size_t above = static_cast<std::size_t>(
+      std::count_if(keys.begin(), keys.begin() + (k - 1), [t](std::uint32_t v) { return v > t; }));
   const std::size_t got = ops.select(x, n, t, k - above, idx, val, k);
   ZCOLL_CHECK_EQ(got, k, "exact top-k selected a wrong count");
 }
 
-std::size_t sample_size(std::size_t n) { return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 16)); }
+std::size_t sample_size(std::size_t n) {
+  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 16));
+}
 
 // Sample rank whose key T leaves a few sigma more than k elements with key >= T.
 std::size_t sample_rank(std::size_t n, std::size_t k, std::size_t s) {
@@ -82,8 +88,10 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
   return method == TopkMethod::kSampled && n >= 16384 && k <= n / 4;
 }
 
-// Sampled top-k (sparsify.h, phases 1-4). `gather` runs phase 3 into (cidx, cval, cap) and
-// returns the candidate count; false means "fall back to exact".
+// Sampled top-k (sparsify.h, phases 1-4). `gather(t, ...)` runs phase 3 into (cidx, cval, cap):
+// every key > t and the first k keys == t (enough for any tie at t: if the k-th largest key is
+// t, the result is all keys > t plus the lowest-index keys == t), and returns their count;
+// false means "fall back to exact".
 template <typename ValueAt, typename Gather>
 bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
                   std::uint32_t* idx, float* val) {
@@ -92,7 +100,7 @@ bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt valu
   std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at);
   const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
   const std::size_t expect = static_cast<std::size_t>(double(n) * double(r) / double(s));
-  const std::size_t cap = std::min(n, 2 * expect + 4096);
+  const std::size_t cap = std::min(n, 2 * expect + k + 4096);
   thread_local std::vector<std::uint32_t> cidx, ckeys;
   thread_local std::vector<float> cval;
   if (cidx.size() < cap) {
@@ -126,13 +134,12 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   check_sizes(n, k);
   const Ops ops = ops_for(impl);
   if (k == 0) return;
-  if (use_sampled(method, n, k) &&
-      topk_sampled(
-          n, k, seed, [x](std::size_t i) { return x[i]; },
-          [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-            return ops.select(x, n, t, kAll, ci, cv, cap);
-          },
-          idx, val))
+  if (use_sampled(method, n, k) && topk_sampled(
+                                       n, k, seed, [x](std::size_t i) { return x[i]; },
+                                       [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
+                                         return ops.select(x, n, t, k, ci, cv, cap);
+                                       },
+                                       idx, val))
     return;
   topk_exact(ops, x, n, k, idx, val);
 }
@@ -147,7 +154,7 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
     done = topk_sampled(
         n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-          return ops.select_ef(g, e, n, t, kAll, ci, cv, cap);
+          return ops.select_ef(g, e, n, t, k, ci, cv, cap);
         },
         idx, val);
   } else {
@@ -166,15 +173,16 @@ float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t
   return qmath::bitsf(kth_largest(keys.data(), s, std::min(r + 1, s)));
 }
 
-std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val, std::size_t capacity,
-                      KernelImpl impl) {
+std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val,
+                      std::size_t capacity, KernelImpl impl) {
   check_sizes(n, 0);
   ZCOLL_REQUIRE(t >= 0.0f, "threshold must be >= 0 and not NaN, not ", t);
   const Ops ops = ops_for(impl);
   return ops.select(x, n, qmath::abs_bits(t), 0, idx, val, capacity);  // -0 counts as 0
 }
 
-void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx, float* val) {
+void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx,
+             float* val) {
   check_sizes(n, k);
   const RngKey key = rng_key(seed);
   std::vector<std::uint64_t> bits((n + 63) / 64);
@@ -184,7 +192,8 @@ void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, s
     return was;
   };
   for (std::size_t j = n - k; j < n; ++j) {  // Floyd: a uniform k-subset in k draws
-    const auto t = static_cast<std::size_t>((static_cast<unsigned __int128>(rng_u64(key, j)) * (j + 1)) >> 64);
+    const auto t =
+        static_cast<std::size_t>((static_cast<unsigned __int128>(rng_u64(key, j)) * (j + 1)) >> 64);
     if (test_and_set(t)) test_and_set(j);
   }
   std::size_t out = 0;

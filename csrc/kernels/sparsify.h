@@ -26,13 +26,15 @@
 //   kSampled  1. |x| of s = clamp(n/16, 1024, 65536) elements at seeded random positions;
 //             2. T = the sample's r-th largest, r = mu + 4 sqrt(mu) + 4, mu = s k / n, so that
 //                |x| >= T holds for a few sigma more than k elements;
-//             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| >= T (~1.05-1.2 k);
+//             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| > T and the first
+//                k with |x[i]| == T (~1.05-1.2 k candidates; ties at T, e.g. zeros, are capped);
 //             4. exact selection (nth_element) among those candidates fixes the result to
 //                exactly the k that kExact returns (every top-k element is a candidate).
 //             If the sample misjudged (fewer than k or too many candidates, probability
-//             ~1e-5 for smooth data, or heavy ties) it falls back to kExact: same result, slower.
-//             Cost: one read of x (DRAM speed) + O(s + k log) work; scratch ~16 k bytes kept
+//             ~1e-5) it falls back to kExact: same result, slower.
+//             Cost: one read of x (DRAM speed) + O(s + k) work; scratch ~40 k bytes kept
 //             per thread. Used when n >= 16384 and k <= n / 4; otherwise kExact.
+// CUDA counterpart of topk: csrc/cuda/sparsify_cuda.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,7 +47,8 @@ enum class TopkMethod : int { kExact = 0, kSampled = 1 };
 
 // Writes exactly k pairs (k <= n, else std::invalid_argument). The seed only steers sampling.
 void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
-          TopkMethod method = TopkMethod::kSampled, std::uint64_t seed = 0, KernelImpl impl = KernelImpl::kDispatch);
+          TopkMethod method = TopkMethod::kSampled, std::uint64_t seed = 0,
+          KernelImpl impl = KernelImpl::kDispatch);
 
 // r = g + e; top-k of r into (idx, val); e = r except e[idx[j]] = 0. e is in/out (float32).
 void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
@@ -56,13 +59,14 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
 float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t seed = 0);
 
 // Pairs for |x[i]| > t (t >= 0, not NaN): writes the first min(count, capacity), returns count.
-std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val, std::size_t capacity,
-                      KernelImpl impl = KernelImpl::kDispatch);
+std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val,
+                      std::size_t capacity, KernelImpl impl = KernelImpl::kDispatch);
 
 // k distinct indices, uniform over the k-subsets for a given seed (Floyd's algorithm on the
 // counter-based generator), sorted, with their values. Not scaled: multiply by n / k for an
 // unbiased estimate of x. ISA-independent (a bitmap of n bits and k draws).
-void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx, float* val);
+void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx,
+             float* val);
 
 // y[idx[i]] += val[i] for i = 0 .. m-1, in that order (float32 y of n elements). Every index is
 // checked against n first (std::invalid_argument, y untouched).

@@ -11,11 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#define ZCOLL_SPARSIFY_ISA_API                                                                                  \
-  std::size_t select(const float* x, std::size_t n, std::uint32_t t, std::size_t eq_budget, std::uint32_t* idx, \
-                     float* val, std::size_t cap);                                                              \
-  std::size_t select_ef(const float* g, float* e, std::size_t n, std::uint32_t t, std::size_t eq_budget,        \
-                        std::uint32_t* idx, float* val, std::size_t cap);                                       \
+#define ZCOLL_SPARSIFY_ISA_API                                                                           \
+  std::size_t select(const float* x, std::size_t n, std::uint32_t t, std::size_t eq_budget,              \
+                     std::uint32_t* idx, float* val, std::size_t cap);                                   \
+  std::size_t select_ef(const float* g, float* e, std::size_t n, std::uint32_t t, std::size_t eq_budget, \
+                        std::uint32_t* idx, float* val, std::size_t cap);                                \
   void scatter_add(float* y, const std::uint32_t* idx, const float* val, std::size_t m);
 
 namespace zcoll::kernels {
