@@ -133,6 +133,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
   oversubscribed_ = local_size_ > cpus_available(local_size_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
+  const char* shm = std::getenv("ZCOLL_SHM");
+  shm_allowed_ = shm == nullptr || std::strcmp(shm, "0") != 0;
 }
 
 MpiCommunicator::~MpiCommunicator() {

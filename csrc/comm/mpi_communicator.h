@@ -34,7 +34,8 @@ class MpiCommunicator final : public Communicator {
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
   bool oversubscribed() const override { return oversubscribed_; }
-  bool has_shared_arena() const override { return local_size_ == size_; }
+  // Off with ZCOLL_SHM=0 (e.g. to measure a network while the ranks share one machine).
+  bool has_shared_arena() const override { return shm_allowed_ && local_size_ == size_; }
   SharedArena* shared_arena() override;
 
   MPI_Comm comm() const { return comm_; }
@@ -50,6 +51,7 @@ class MpiCommunicator final : public Communicator {
   int local_size_ = 1;
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
+  bool shm_allowed_ = true;
   MPI_Win arena_window_ = MPI_WIN_NULL;
   SharedArena arena_;
 };
