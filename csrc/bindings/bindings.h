@@ -6,4 +6,5 @@ namespace zcoll::bindings {
 void bind_comm(pybind11::module_& m);
 void bind_collectives(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
+void bind_compression(pybind11::module_& m);
 }  // namespace zcoll::bindings

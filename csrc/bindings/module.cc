@@ -14,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
   zcoll::bindings::bind_comm(m);
   zcoll::bindings::bind_collectives(m);
   zcoll::bindings::bind_kernels(m);
+  zcoll::bindings::bind_compression(m);
 }

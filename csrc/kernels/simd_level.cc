@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 namespace zcoll::kernels {
 namespace {
@@ -56,6 +57,24 @@ const char* simd_level_name(SimdLevel level) {
     case SimdLevel::kScalar: break;
   }
   return "scalar";
+}
+
+SimdLevel resolve(KernelImpl impl) {
+  if (impl == KernelImpl::kDispatch) return simd_level();
+  const auto level = static_cast<SimdLevel>(static_cast<int>(impl));
+  if (level > detected_simd_level())
+    throw std::invalid_argument(std::string("kernel implementation '") + simd_level_name(level) +
+                                "' is not supported by this CPU");
+  return level;
+}
+
+KernelImpl parse_kernel_impl(const std::string& name) {
+  if (name == "dispatch") return KernelImpl::kDispatch;
+  if (name == "scalar") return KernelImpl::kScalar;
+  if (name == "avx2") return KernelImpl::kAvx2;
+  if (name == "avx512") return KernelImpl::kAvx512;
+  throw std::invalid_argument("unknown kernel implementation '" + name +
+                              "' (expected dispatch, scalar, avx2 or avx512)");
 }
 
 }  // namespace zcoll::kernels

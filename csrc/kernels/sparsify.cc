@@ -1,0 +1,217 @@
+// Dispatcher and ISA-independent logic of the sparsifiers (kernels/sparsify.h): argument checks,
+// the top-k methods (sampling, nth_element, fix-up to exactly k) and random-k. Only the passes
+// over the whole vector (select, select_ef, scatter_add) branch on the instruction set.
+#include "kernels/sparsify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "common/rng.h"
+#include "kernels/quant_math.h"
+#include "kernels/sparsify_isa.h"
+
+namespace zcoll::kernels {
+namespace {
+
+constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
+constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();  // no key is > or == this
+
+struct Ops {
+  decltype(&scalar::select) select;
+  decltype(&scalar::select_ef) select_ef;
+  decltype(&scalar::scatter_add) scatter_add;
+};
+
+Ops ops_for(KernelImpl impl) {
+  switch (resolve(impl)) {
+    case SimdLevel::kAvx512:
+      return {avx512::select, avx512::select_ef, avx512::scatter_add};
+    case SimdLevel::kAvx2:
+      return {avx2::select, avx2::select_ef, avx2::scatter_add};
+    case SimdLevel::kScalar:
+      break;
+  }
+  return {scalar::select, scalar::select_ef, scalar::scatter_add};
+}
+
+void check_sizes(std::size_t n, std::size_t k) {
+  ZCOLL_REQUIRE(n <= std::numeric_limits<std::uint32_t>::max(), "sparsification indices are uint32: n = ", n,
+                " is too large");
+  ZCOLL_REQUIRE(k <= n, "k = ", k, " is larger than the number of elements n = ", n);
+}
+
+// The key (|x| bits) of the k-th largest of keys[0..m) (1 <= k <= m); reorders keys.
+std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
+  std::nth_element(keys, keys + (k - 1), keys + m, std::greater<std::uint32_t>());
+  return keys[k - 1];
+}
+
+// Exact top-k of x[0..n): threshold key T by nth_element, then one selection pass that keeps
+// key > T and the first (k - #(key > T)) elements with key == T.
+void topk_exact(const Ops& ops, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx,
+                float* val) {
+  std::vector<std::uint32_t> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = qmath::abs_bits(x[i]);
+  const std::uint32_t t = kth_largest(keys.data(), n, k);
+  const std::size_t above = static_cast<std::size_t>(
+      std::count_if(keys.begin(), keys.begin() + (k - 1), [t](std::uint32_t v) { return v > t; }));
+  const std::size_t got = ops.select(x, n, t, k - above, idx, val, k);
+  ZCOLL_CHECK_EQ(got, k, "exact top-k selected a wrong count");
+}
+
+std::size_t sample_size(std::size_t n) {
+  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 16));
+}
+
+// Sample rank whose key T leaves a few sigma more than k elements with key >= T.
+std::size_t sample_rank(std::size_t n, std::size_t k, std::size_t s) {
+  const double mu = double(s) * double(k) / double(n);
+  return static_cast<std::size_t>(std::ceil(mu + 4.0 * std::sqrt(mu) + 4.0));
+}
+
+template <typename ValueAt>
+std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64_t seed, ValueAt value_at) {
+  const RngKey key = rng_key(seed);
+  std::vector<std::uint32_t> keys(s);
+  for (std::size_t j = 0; j < s; ++j) {
+    const std::size_t pos = static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * n) >> 32);
+    keys[j] = qmath::abs_bits(value_at(pos));
+  }
+  return keys;
+}
+
+bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
+  return method == TopkMethod::kSampled && n >= 16384 && k <= n / 4;
+}
+
+// Sampled top-k (sparsify.h, phases 1-4). `gather(t, ...)` runs phase 3 into (cidx, cval, cap):
+// every key > t and the first k keys == t (enough for any tie at t: if the k-th largest key is
+// t, the result is all keys > t plus the lowest-index keys == t), and returns their count;
+// false means "fall back to exact".
+template <typename ValueAt, typename Gather>
+bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
+                  std::uint32_t* idx, float* val) {
+  const std::size_t s = sample_size(n);
+  const std::size_t r = sample_rank(n, k, s);
+  std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at);
+  const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
+  const std::size_t expect = static_cast<std::size_t>(double(n) * double(r) / double(s));
+  const std::size_t cap = std::min(n, 2 * expect + k + 4096);
+  thread_local std::vector<std::uint32_t> cidx, ckeys;
+  thread_local std::vector<float> cval;
+  if (cidx.size() < cap) {
+    cidx.resize(cap);
+    cval.resize(cap);
+    ckeys.resize(cap);
+  }
+  const std::size_t c = gather(t_lo, cidx.data(), cval.data(), cap);
+  if (c < k || c > cap) return false;
+  // Phase 4: exact selection among the candidates (already in index order).
+  for (std::size_t j = 0; j < c; ++j) ckeys[j] = qmath::abs_bits(cval[j]);
+  const std::uint32_t t = kth_largest(ckeys.data(), c, k);
+  std::size_t above = 0;
+  for (std::size_t j = 0; j < k - 1; ++j) above += ckeys[j] > t;
+  std::size_t eq_left = k - above, out = 0;
+  for (std::size_t j = 0; j < c; ++j) {
+    const std::uint32_t key = qmath::abs_bits(cval[j]);
+    if (key < t || (key == t && eq_left == 0)) continue;
+    if (key == t) --eq_left;
+    idx[out] = cidx[j];
+    val[out++] = cval[j];
+  }
+  ZCOLL_CHECK_EQ(out, k, "sampled top-k fix-up selected a wrong count");
+  return true;
+}
+
+}  // namespace
+
+void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val, TopkMethod method,
+          std::uint64_t seed, KernelImpl impl) {
+  check_sizes(n, k);
+  const Ops ops = ops_for(impl);
+  if (k == 0) return;
+  if (use_sampled(method, n, k) && topk_sampled(
+                                       n, k, seed, [x](std::size_t i) { return x[i]; },
+                                       [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
+                                         return ops.select(x, n, t, k, ci, cv, cap);
+                                       },
+                                       idx, val))
+    return;
+  topk_exact(ops, x, n, k, idx, val);
+}
+
+void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
+             TopkMethod method, std::uint64_t seed, KernelImpl impl) {
+  check_sizes(n, k);
+  const Ops ops = ops_for(impl);
+  bool done = false;
+  if (k > 0 && use_sampled(method, n, k)) {
+    // The gather pass also stores r = g + e into e, whatever it returns.
+    done = topk_sampled(
+        n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
+        [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
+          return ops.select_ef(g, e, n, t, k, ci, cv, cap);
+        },
+        idx, val);
+  } else {
+    ops.select_ef(g, e, n, kNone, kAll, nullptr, nullptr, 0);  // e = r, selects nothing
+  }
+  if (k > 0 && !done) topk_exact(ops, e, n, k, idx, val);
+  for (std::size_t j = 0; j < k; ++j) e[idx[j]] = 0.0f;
+}
+
+float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t seed) {
+  check_sizes(n, k);
+  if (n == 0 || k == 0) return std::numeric_limits<float>::infinity();
+  const std::size_t s = std::min(n, sample_size(n));
+  std::vector<std::uint32_t> keys = sample_keys(n, s, seed, [x](std::size_t i) { return x[i]; });
+  const std::size_t r = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(double(s) * k / n)));
+  return qmath::bitsf(kth_largest(keys.data(), s, std::min(r + 1, s)));
+}
+
+std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val,
+                      std::size_t capacity, KernelImpl impl) {
+  check_sizes(n, 0);
+  ZCOLL_REQUIRE(t >= 0.0f, "threshold must be >= 0 and not NaN, not ", t);
+  const Ops ops = ops_for(impl);
+  return ops.select(x, n, qmath::abs_bits(t), 0, idx, val, capacity);  // -0 counts as 0
+}
+
+void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx,
+             float* val) {
+  check_sizes(n, k);
+  const RngKey key = rng_key(seed);
+  std::vector<std::uint64_t> bits((n + 63) / 64);
+  auto test_and_set = [&](std::size_t i) {
+    const bool was = (bits[i / 64] >> (i % 64)) & 1u;
+    bits[i / 64] |= std::uint64_t(1) << (i % 64);
+    return was;
+  };
+  for (std::size_t j = n - k; j < n; ++j) {  // Floyd: a uniform k-subset in k draws
+    const auto t =
+        static_cast<std::size_t>((static_cast<unsigned __int128>(rng_u64(key, j)) * (j + 1)) >> 64);
+    if (test_and_set(t)) test_and_set(j);
+  }
+  std::size_t out = 0;
+  for (std::size_t w = 0; w < bits.size(); ++w)
+    for (std::uint64_t b = bits[w]; b != 0; b &= b - 1) {
+      const std::size_t i = w * 64 + static_cast<std::size_t>(__builtin_ctzll(b));
+      idx[out] = static_cast<std::uint32_t>(i);
+      val[out++] = x[i];
+    }
+}
+
+void scatter_add(float* y, std::size_t n, const std::uint32_t* idx, const float* val, std::size_t m,
+                 KernelImpl impl) {
+  const Ops ops = ops_for(impl);
+  std::uint32_t top = 0;
+  for (std::size_t i = 0; i < m; ++i) top = std::max(top, idx[i]);
+  ZCOLL_REQUIRE(m == 0 || top < n, "scatter_add index ", top, " is out of range for ", n, " elements");
+  ops.scatter_add(y, idx, val, m);
+}
+
+}  // namespace zcoll::kernels
