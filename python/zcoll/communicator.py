@@ -185,9 +185,12 @@ class Communicator:
         self._check_root(root)
         v = as_view(x, "x")
         code = _op_code(op, v.dtype)
-        o = self._out(v, out, v.count, v.shape) if c.rank == root else None
-        _C.reduce(c, v.address, o.address if o else 0, v.count, v.code, code, root, **self._pipeline())
-        return o.obj if o else None
+        # A given `out` is validated on every rank, not only on root: an error raised on root
+        # alone would send the other ranks into the collective without it.
+        o = self._out(v, out, v.count, v.shape) if c.rank == root or out is not None else None
+        dst = o if c.rank == root else None
+        _C.reduce(c, v.address, dst.address if dst else 0, v.count, v.code, code, root, **self._pipeline())
+        return dst.obj if dst else None
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier."""
