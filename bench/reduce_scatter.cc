@@ -1,6 +1,7 @@
 // zcoll_reduce_scatter_perf: ring reduce-scatter against MPI_Reduce_scatter_block
 // (size = the whole input, a multiple of p elements; busbw factor (p-1)/p).
 #include <climits>
+#include <cstring>
 #include <stdexcept>
 
 #include "collectives/options.h"
@@ -28,18 +29,26 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
+// In place (-i) follows MPI_IN_PLACE: the input is the whole buffer and the result lands at its
+// start. zcoll reduces into this rank's own block of the input (exact aliasing), then moves it.
 void run(MpiCommunicator& comm, const std::string& algo, bench::Buffers b, std::size_t count, DType dtype,
-         ReduceOp op, int, bool) {
+         ReduceOp op, int, bool in_place) {
   const int p = comm.size();
+  const std::size_t block_bytes = count / p * dtype_size(dtype);
   if (algo == "mpi") {
     if (dtype == DType::kFloat16 || dtype == DType::kBFloat16 || op == ReduceOp::kAvg)
       throw std::invalid_argument("the mpi reference of reduce_scatter supports float32/64 and integers, sum/prod/min/max");
-    MPI_Reduce_scatter_block(b.in, b.out, static_cast<int>(count / p), mpi_type(dtype), mpi_op(op), comm.comm());
+    MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : b.in, in_place ? b.in : b.out, static_cast<int>(count / p),
+                             mpi_type(dtype), mpi_op(op), comm.comm());
     return;
   }
   ReduceOptions o;
   o.op = op;
-  reduce_scatter(comm, b.in, b.out, count, dtype, o);
+  if (!in_place) return reduce_scatter(comm, b.in, b.out, count, dtype, o);
+  auto* buf = static_cast<unsigned char*>(b.in);
+  const std::size_t mine = static_cast<std::size_t>(comm.rank()) * block_bytes;
+  reduce_scatter(comm, buf, buf + mine, count, dtype, o);
+  if (mine) std::memmove(buf, buf + mine, block_bytes);
 }
 
 void fill_input(void* in, std::size_t n, DType dtype, ReduceOp op, int rank, int, int) {
