@@ -4,6 +4,7 @@ Storage: every zcoll dtype is held in a numpy array of its own dtype, except bfl
 numpy lacks: it is held as its raw uint16 bits. `values()` turns storage into numbers
 (float32/float64 for floating types) and `bits()` into unsigned integers for bitwise comparison.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -103,9 +104,9 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, dtype: str, op: str) -> np.ndarray
             pick_a |= np.isnan(x)
         return quiet(np.where(pick_a, a, b), dtype)
     fn = np.multiply if op == "prod" else np.add
-    if dtype == "bfloat16":
-        return bf16_from_f32(fn(values(a, dtype), values(b, dtype)))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # overflow to inf, inf - inf: expected here
+        if dtype == "bfloat16":
+            return bf16_from_f32(fn(values(a, dtype), values(b, dtype)))
         return fn(a, b, dtype=storage_dtype(dtype))
 
 
@@ -140,7 +141,9 @@ def equal_bits(got: np.ndarray, expected: np.ndarray, dtype: str, nan_payload: b
     return eq
 
 
-def describe_mismatch(got: np.ndarray, expected: np.ndarray, dtype: str, ok: np.ndarray, limit: int = 3) -> str:
+def describe_mismatch(
+    got: np.ndarray, expected: np.ndarray, dtype: str, ok: np.ndarray, limit: int = 3
+) -> str:
     """'k of n elements differ; at i: got <bits> (<value>), expected ...' for the first few."""
     bad = np.flatnonzero(~ok)
     width = storage_dtype(dtype).itemsize * 2

@@ -8,6 +8,7 @@ patterns (NaN, inf, subnormals), values of similar magnitude (so sums round), an
 product of edge values. The output is surrounded by guard elements that must stay untouched,
 and buffers start misaligned for some sizes.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from numerics import (
     DTYPE_CODES,
     DTYPES,
@@ -49,16 +49,50 @@ def edge_values(dtype: str) -> np.ndarray:
     """Values where implementations tend to differ, as storage."""
     if dtype in INT_DTYPES:
         info = np.iinfo(dtype)
-        return np.array([0, 1, -1, 2, info.min, info.max, info.min + 1, info.max - 1], dtype=np.int64).astype(dtype)
+        return np.array([0, 1, -1, 2, info.min, info.max, info.min + 1, info.max - 1], dtype=np.int64).astype(
+            dtype
+        )
     if dtype == "bfloat16":
         # 1 + 2^-8 and 1 + 3 * 2^-8 sums land on ties; 0x0001/0x8001 are subnormal; 0x7f7f is max.
-        raw = [0x0000, 0x8000, 0x3F80, 0xBF80, 0x3F81, 0x3F83, 0x0001, 0x8001, 0x007F, 0x7F7F, 0xFF7F,
-               0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81]
+        raw = [
+            0x0000,
+            0x8000,
+            0x3F80,
+            0xBF80,
+            0x3F81,
+            0x3F83,
+            0x0001,
+            0x8001,
+            0x007F,
+            0x7F7F,
+            0xFF7F,
+            0x7F80,
+            0xFF80,
+            0x7FC0,
+            0xFFC1,
+            0x7F81,
+        ]
         return np.array(raw, dtype=np.uint16)
     info = np.finfo(dtype)
     tiny_sub = info.smallest_subnormal
-    v = [0.0, -0.0, 1.0, -1.0, 1.0 + info.eps, 1.5, info.eps / 2, tiny_sub, -tiny_sub, info.tiny,
-         info.tiny - tiny_sub, info.max, -info.max, np.inf, -np.inf, np.nan]
+    v = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        1.0 + info.eps,
+        1.5,
+        info.eps / 2,
+        tiny_sub,
+        -tiny_sub,
+        info.tiny,
+        info.tiny - tiny_sub,
+        info.max,
+        -info.max,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ]
     out = np.array(v, dtype=dtype)
     # NaNs with other payloads and signs: min/max must pick the right one.
     u = bits(out, dtype).copy()
@@ -103,7 +137,9 @@ def run_reduce(a: np.ndarray, b: np.ndarray, dtype: str, op: str, impl: str, off
     n = a.size
     ba, bb, out = buffer(n, dtype, offset), buffer(n, dtype, offset), buffer(n, dtype, offset)
     ba[GUARD : GUARD + n], bb[GUARD : GUARD + n] = a, b
-    _C.reduce_kernel(addr(out[GUARD:]), addr(ba[GUARD:]), addr(bb[GUARD:]), n, DTYPE_CODES[dtype], OP_CODES[op], impl)
+    _C.reduce_kernel(
+        addr(out[GUARD:]), addr(ba[GUARD:]), addr(bb[GUARD:]), n, DTYPE_CODES[dtype], OP_CODES[op], impl
+    )
     guards = np.concatenate([out[:GUARD], out[GUARD + n :]]).view(np.uint8)
     assert (guards == SENTINEL).all(), f"{impl} {dtype} {op} n={n}: wrote outside the output"
     assert (ba[GUARD : GUARD + n].view(np.uint8) == a.view(np.uint8)).all(), f"{impl}: modified input a"
@@ -168,7 +204,9 @@ def test_min_max_nan_rule():
             assert ob[0] == bits(a, "float32")[0], f"{impl} {op}: NaN in a must win"
             assert ob[1] == bits(b, "float32")[1], f"{impl} {op}: NaN in b must win over a number"
             assert ob[2] == bits(a, "float32")[2], f"{impl} {op}: a's NaN wins over b's"
-            assert list(bits(out[3:], "float32")) == list(bits(np.array(numbers, np.float32), "float32")), impl
+            assert list(bits(out[3:], "float32")) == list(bits(np.array(numbers, np.float32), "float32")), (
+                impl
+            )
 
 
 def test_integer_wrap():
@@ -210,7 +248,9 @@ def test_divide_kernel(dtype, divisor):
             assert (guards == SENTINEL).all(), f"{impl} divide wrote outside the buffer"
             results[impl] = buf[GUARD : GUARD + size].copy()
         assert_same(results["scalar"], expected, dtype, f"scalar divide {dtype} /{divisor} n={size}", False)
-        assert_same(results["dispatch"], results["scalar"], dtype, f"dispatch divide {dtype} /{divisor} n={size}")
+        assert_same(
+            results["dispatch"], results["scalar"], dtype, f"dispatch divide {dtype} /{divisor} n={size}"
+        )
 
 
 def test_divide_by_one_is_identity():
@@ -239,6 +279,8 @@ def test_simd_env_override(level):
         pytest.skip(f"CPU lacks {level}")
     code = "from zcoll import _C; print(_C.simd_level(), _C.detected_simd_level())"
     env = {**os.environ, "ZCOLL_SIMD": level}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [level, _C.detected_simd_level()]
