@@ -74,6 +74,12 @@ def isnan(a: np.ndarray, dtype: str) -> np.ndarray:
     return np.isnan(values(a, dtype))
 
 
+def smallest_subnormal(dtype: str) -> float:
+    """The smallest positive subnormal of a floating type (bit pattern 1)."""
+    one = np.ones(1, dtype=uint_dtype(dtype)).view(storage_dtype(dtype))
+    return float(values(one, dtype)[0])
+
+
 def random_bits(rng: np.random.Generator, n: int, dtype: str) -> np.ndarray:
     """n elements with uniformly random bit patterns (NaNs, infinities, subnormals included)."""
     u = rng.integers(0, np.iinfo(uint_dtype(dtype)).max, size=n, dtype=uint_dtype(dtype), endpoint=True)

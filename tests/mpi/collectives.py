@@ -47,11 +47,13 @@ from numerics import (
     ops_for,
     random_bits,
     reduce_all,
+    smallest_subnormal,
     storage_dtype,
     values,
 )
 
 COUNTS = [0, 1, 2, 3, 7, 8, 9, 17, 31, 33, 1000, 1009, 4099]
+LARGE = 1 << 18  # one case per algorithm / collective with the default segments (several of them)
 RANDOM_COUNTS = [33, 1009, 4099]
 # (segment_bytes, pipeline_depth); 0 = the built-in default (128 KiB, 4). See pipeline().
 PIPELINES = [(0, 0), (64, 1), (64, 3), (4096, 3)]
@@ -102,9 +104,12 @@ def exact_input(dtype: str, op: str, count: int, rank: int, p: int) -> np.ndarra
     if dtype in INT_DTYPES:
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+    tiny = smallest_subnormal(dtype)
     if op in ("sum", "avg"):
-        v = (((i * 13 + rank * 7 + 3) % 17) - 8) * np.exp2((i % 11) - 5)
+        small = ((i * 13 + rank * 7 + 3) % 17) - 8
+        v = small * np.exp2((i % 11) - 5)
         v[i % 29 == 3] = -0.0
+        v[i % 31 == 7] = small[i % 31 == 7] * tiny  # subnormal sums are exact too
         return from_values(v, dtype)
     if op == "prod":
         sign = np.where((i + rank) % 3 == 0, -1.0, 1.0)
@@ -112,6 +117,8 @@ def exact_input(dtype: str, op: str, count: int, rank: int, p: int) -> np.ndarra
     v = rng.standard_normal(count) * 100.0
     v[(i % 37 == 1) & (i % p == rank)] = np.inf
     v[(i % 37 == 2) & ((i + 1) % p == rank)] = -np.inf
+    v[(i % 41 == 5) & (i % p == rank)] = tiny
+    v[(i % 41 == 5) & ((i + 1) % p == rank)] = -tiny
     s = from_values(v, dtype)
     s[values(s, dtype) == 0] = from_values(np.ones(1), dtype)[0]
     return s
@@ -219,6 +226,8 @@ def allreduce_cases(dtypes, p):
         for oi, op in enumerate(ops_for(dtype)):
             for ci, count in enumerate(counts_for(p)):
                 for ai, algorithm in enumerate(ALGORITHMS):
+                    # placement and pipeline rotate at different paces, so that over the
+                    # counts every (algorithm, dtype, op) meets every combination of the two
                     k = ci + ai + di + oi
                     yield Case(
                         "allreduce",
@@ -227,7 +236,7 @@ def allreduce_cases(dtypes, p):
                         algorithm,
                         op,
                         placement=placement(k),
-                        **pipeline(k, dtype, count),
+                        **pipeline(k + ci // 4, dtype, count),
                     )
     for dtype in (d for d in dtypes if d in FLOAT_DTYPES):
         for op in ("sum", "avg", "prod"):
@@ -245,6 +254,9 @@ def allreduce_cases(dtypes, p):
         for op in ("sum", "min", "max"):
             for ai, algorithm in enumerate(a for a in ALGORITHMS if a != "mpi"):  # MPI's NaN rules differ
                 yield Case("allreduce", dtype, 1009, algorithm, op, inputs="nan", **pipeline(ai, dtype, 1009))
+    for algorithm in ALGORITHMS:
+        if algorithm != "mpi" or p <= 2:  # MPICH's own collectives are slow when oversubscribed
+            yield Case("allreduce", dtypes[0], LARGE, algorithm, "avg", placement="in-place")
 
 
 def reduce_scatter_cases(dtypes, p):
@@ -337,6 +349,14 @@ def broadcast_cases(dtypes, p):
                     inputs="bits",
                     **pipeline(ci + di + root, dtype, count),
                 )
+
+
+def large_cases(dtypes, p):
+    """One LARGE case per non-allreduce collective, default pipeline."""
+    yield Case("reduce_scatter", dtypes[0], LARGE, op="avg")
+    yield Case("reduce", dtypes[0], LARGE, op="sum", root=p - 1, placement="new")
+    yield Case("allgather", dtypes[0], LARGE, inputs="bits")
+    yield Case("broadcast", dtypes[0], LARGE, root=p - 1, placement="in-place", inputs="bits")
 
 
 CASES = {
@@ -521,7 +541,8 @@ def main(argv: list) -> None:
         if collective == "barrier":
             check_barrier(tester.comm, ck)
             continue
-        for case in CASES[collective](kind.dtypes, tester.p):
+        large = [c for c in large_cases(kind.dtypes, tester.p) if c.collective == collective]
+        for case in [*CASES[collective](kind.dtypes, tester.p), *large]:
             tester.run(case)
     ck.finish()
 
