@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zcoll
-from error_cases import BAD_CALLS
+from error_cases import ALGORITHM_WORDS, BAD_CALLS
 from mpi4py import MPI
 from mpi_util import run_script, summary_count
 
@@ -76,7 +76,7 @@ def test_single_rank_results(comm):
 def test_module_helpers():
     assert set(zcoll.__all__) <= set(dir(zcoll))
     assert list(zcoll.OPS) == ["sum", "prod", "min", "max", "avg"]
-    assert set(zcoll.ALGORITHMS) == {"auto", "ring", "tree", "recursive_doubling", "halving_doubling", "mpi"}
+    assert set(zcoll.ALGORITHMS) == set(ALGORITHM_WORDS.split())
     for count in (0, 1, 7, 8, 1009):
         for p in (1, 2, 3, 4):
             blocks = [zcoll.block_range(count, p, r) for r in range(p)]
@@ -85,7 +85,10 @@ def test_module_helpers():
             assert sorted(map(len, blocks), reverse=True) == list(map(len, blocks)), "larger blocks first"
     for nbytes in (0, 4, 4096, 1 << 20, 1 << 26):
         for p in (1, 2, 3, 4, 64):
-            assert zcoll.choose_algorithm(nbytes, p) in zcoll.ALGORITHMS
+            assert zcoll.choose_algorithm(nbytes, p) in set(zcoll.ALGORITHMS) - {"auto"}
+            # oversubscribed: MPI's own collectives busy-spin, never picked
+            assert zcoll.choose_algorithm(nbytes, p, oversubscribed=True) != "mpi"
+            assert zcoll.choose_algorithm(nbytes, p, shared_memory=False) != "shm"
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])

@@ -9,7 +9,7 @@ import pytest
 from mpi_util import BIN_DIR, mpirun, run
 
 BENCHES = {  # binary: the algorithms it measures besides mpi
-    "allreduce": ["ring", "tree", "recursive_doubling", "halving_doubling", "auto"],
+    "allreduce": ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"],
     "reduce_scatter": ["ring"],
     "allgather": ["ring"],
     "broadcast": ["tree"],
