@@ -43,8 +43,8 @@ class Communicator:
     released during every blocking call. Every rank must make the same calls in the same order.
 
     Set ``check=True`` (or the environment variable ``ZCOLL_CHECK=1``) to exchange a small header
-    before each collective, so that ranks passing different sizes, dtypes, ops or roots all raise
-    ``zcoll.MismatchError`` instead of hanging or corrupting memory.
+    before each collective, so that ranks passing different sizes, dtypes, ops, roots or
+    algorithms all raise ``zcoll.MismatchError`` instead of hanging or corrupting memory.
 
     Example::
 
