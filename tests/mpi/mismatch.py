@@ -3,7 +3,7 @@
     ZCOLL_CHECK=1 mpirun -n P python -m mpi4py tests/mpi/mismatch.py env
     mpirun -n P python -m mpi4py tests/mpi/mismatch.py arg     (Communicator(check=True))
 
-Each case has ranks pass different counts, dtypes, ops, roots or collectives. Every rank must
+Each case has ranks pass different counts, dtypes, ops, roots, algorithms or collectives. Every rank must
 raise MismatchError (a ValueError) whose message names the field that differs; the outcomes are
 gathered so that a rank that did not raise is named; after each case the communicator must
 still give right results. Matching calls in check mode must work as usual.
@@ -26,7 +26,7 @@ def f32(n: int) -> np.ndarray:
 
 def cases(p: int):
     """(name, field named in the message, call(comm)). The odd one out is rank 0, the last rank,
-    or every rank but 0."""
+    or every rank but 0. Without check mode each of them would hang or corrupt memory."""
     last = p - 1
     return [
         ("allreduce count (last rank)", "count", lambda c: c.allreduce(f32(8 + (c.rank == last)))),
@@ -34,6 +34,11 @@ def cases(p: int):
         ("allreduce count (mpi)", "count", lambda c: c.allreduce(f32(4 + c.rank), algorithm="mpi")),
         ("allreduce dtype", "dtype", lambda c: c.allreduce(np.ones(8, np.float32 if c.rank else np.float64))),
         ("allreduce op", "op", lambda c: c.allreduce(f32(8), op="sum" if c.rank else "max")),
+        (
+            "allreduce algorithm",
+            "algorithm",
+            lambda c: c.allreduce(f32(1000), algorithm="ring" if c.rank else "tree"),
+        ),
         (
             "allreduce op avg (last rank)",
             "op",
