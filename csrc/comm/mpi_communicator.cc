@@ -84,6 +84,8 @@ MPI_Op kernel_mpi_op(ReduceOp op) {
   return ops[i];
 }
 
+}  // namespace
+
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return MPI_FLOAT;
@@ -115,7 +117,6 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
   return MPI_SUM;
 }
 
-}  // namespace
 
 void mpi_check(int rc, const char* call, const char* file, int line) {
   if (rc == MPI_SUCCESS) return;

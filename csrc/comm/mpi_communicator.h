@@ -56,6 +56,12 @@ class MpiCommunicator final : public Communicator {
   SharedArena arena_;
 };
 
+// The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree
+// (sums, products, integer min/max), zcoll's kernels as user ops elsewhere (half types have no
+// MPI type; MPI_MIN/MPI_MAX on floats may drop NaNs). avg maps to sum: divide afterwards.
+MPI_Datatype mpi_datatype(DType dtype);
+MPI_Op mpi_op(DType dtype, ReduceOp op);
+
 // Throws zcoll::Error with file, line, the call and MPI's error string when rc != MPI_SUCCESS.
 void mpi_check(int rc, const char* call, const char* file, int line);
 #define ZCOLL_MPI_CHECK(call) ::zcoll::mpi_check((call), #call, __FILE__, __LINE__)
