@@ -1,45 +1,36 @@
 // zcoll_reduce_scatter_perf: ring reduce-scatter against MPI_Reduce_scatter_block
 // (size = the whole input, a multiple of p elements; busbw factor (p-1)/p).
 #include <climits>
+#include <cstring>
 #include <stdexcept>
 
 #include "collectives/options.h"
+#include "kernels/reduce.h"
 #include "harness.h"
 
 namespace {
 using namespace zcoll;
 
-MPI_Datatype mpi_type(DType d) {
-  switch (d) {
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt8: return MPI_INT8_T;
-    case DType::kUInt8: return MPI_UINT8_T;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
-    default: return MPI_FLOAT;
-  }
-}
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kProd: return MPI_PROD;
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
-    default: return MPI_SUM;
-  }
-}
-
+// In place (-i) follows MPI_IN_PLACE: the input is the whole buffer and the result lands at its
+// start. zcoll reduces into this rank's own block of the input (exact aliasing), then moves it.
 void run(MpiCommunicator& comm, const std::string& algo, bench::Buffers b, std::size_t count, DType dtype,
-         ReduceOp op, int, bool) {
+         ReduceOp op, int, bool in_place) {
   const int p = comm.size();
+  const std::size_t block_bytes = count / p * dtype_size(dtype);
   if (algo == "mpi") {
-    if (dtype == DType::kFloat16 || dtype == DType::kBFloat16 || op == ReduceOp::kAvg)
-      throw std::invalid_argument("the mpi reference of reduce_scatter supports float32/64 and integers, sum/prod/min/max");
-    MPI_Reduce_scatter_block(b.in, b.out, static_cast<int>(count / p), mpi_type(dtype), mpi_op(op), comm.comm());
+    void* result = in_place ? b.in : b.out;
+    MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : b.in, result, static_cast<int>(count / p),
+                             mpi_datatype(dtype), mpi_op(dtype, op), comm.comm());
+    if (op == ReduceOp::kAvg) kernels::divide(result, count / p, dtype, p);
     return;
   }
   ReduceOptions o;
   o.op = op;
-  reduce_scatter(comm, b.in, b.out, count, dtype, o);
+  if (!in_place) return reduce_scatter(comm, b.in, b.out, count, dtype, o);
+  auto* buf = static_cast<unsigned char*>(b.in);
+  const std::size_t mine = static_cast<std::size_t>(comm.rank()) * block_bytes;
+  reduce_scatter(comm, buf, buf + mine, count, dtype, o);
+  if (mine) std::memmove(buf, buf + mine, block_bytes);
 }
 
 void fill_input(void* in, std::size_t n, DType dtype, ReduceOp op, int rank, int, int) {

@@ -22,6 +22,9 @@ void bind_kernels(py::module_& m) {
         auto* y = reinterpret_cast<const void*>(b);
         const DType d = static_cast<DType>(dtype);
         const ReduceOp r = static_cast<ReduceOp>(op);
+        // Unknown dtype/op codes would otherwise run the int64 loop (past the buffers) or nothing.
+        dtype_size(d);
+        validate_op(d, r);
         if (impl == "dispatch") return reduce(o, x, y, count, d, r);
         if (impl == "scalar") return scalar::reduce(o, x, y, count, d, r);
         const SimdLevel cpu = detected_simd_level();
@@ -36,6 +39,8 @@ void bind_kernels(py::module_& m) {
       [](std::uintptr_t buf, std::size_t count, int dtype, int divisor, const std::string& impl) {
         auto* b = reinterpret_cast<void*>(buf);
         const DType d = static_cast<DType>(dtype);
+        dtype_size(d);  // throws for an unknown dtype code
+        ZCOLL_REQUIRE(divisor > 0, "divisor must be positive, got ", divisor);
         if (impl == "scalar") return scalar::divide(b, count, d, divisor);
         return divide(b, count, d, divisor);
       },

@@ -31,6 +31,7 @@ namespace detail {
 // differ, every rank throws MismatchError naming the first differing rank and field.
 struct CallHeader {
   long long collective, dtype, op, count, root;
+  long long algorithm = 0;  // allreduce: the algorithm that will run (auto resolved)
 };
 void check_same_call(Communicator& comm, const CallHeader& mine);
 bool check_mode_from_env();  // ZCOLL_CHECK=1

@@ -12,10 +12,6 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
   validate_op(dtype, options.op);
   const std::size_t bytes = count * dtype_size(dtype);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce: null buffer");
-  if (options.check_args || detail::check_mode_from_env())
-    detail::check_same_call(comm, {0, static_cast<int>(dtype), static_cast<int>(options.op),
-                                   static_cast<long long>(count), 0});
-  comm.stats().collectives += 1;
   Algorithm algorithm = options.algorithm;
   if (algorithm == Algorithm::kAuto) {
     Capabilities caps;
@@ -24,6 +20,11 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     caps.oversubscribed = comm.oversubscribed();
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }
+  // The resolved algorithm is part of the header: ranks running different ones would hang.
+  if (options.check_args || detail::check_mode_from_env())
+    detail::check_same_call(comm, {0, static_cast<int>(dtype), static_cast<int>(options.op),
+                                   static_cast<long long>(count), 0, static_cast<int>(algorithm)});
+  comm.stats().collectives += 1;
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {
     comm.native_allreduce(in, out, count, dtype, options.op);

@@ -64,7 +64,7 @@ struct Layout {
 void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                    ReduceOp op) {
   SharedArena* arena = comm.shared_arena();
-  ZCOLL_REQUIRE(arena != nullptr, "algorithm 'shm' needs every rank on one node; use 'ring' or 'auto'");
+  ZCOLL_REQUIRE(arena != nullptr, "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
   const int p = comm.size(), me = comm.rank();
   const std::size_t es = dtype_size(dtype);
   const Layout layout(arena->region_bytes, es, p);

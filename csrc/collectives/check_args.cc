@@ -1,4 +1,4 @@
-// ZCOLL_CHECK mode: before a collective, every rank allgathers a 5-number header describing its
+// ZCOLL_CHECK mode: before a collective, every rank allgathers a 6-number header describing its
 // call (collective, dtype, op, count, root) over the same communicator. A mismatch that would
 // otherwise hang or corrupt (one rank sending more bytes than another expects) becomes a
 // MismatchError raised on every rank, since every rank sees every header.
@@ -24,8 +24,8 @@ bool check_mode_from_env() {
 void check_same_call(Communicator& comm, const CallHeader& mine) {
   const int p = comm.size();
   if (p == 1) return;
-  constexpr int kFields = 5;
-  const long long own[kFields] = {mine.collective, mine.dtype, mine.op, mine.count, mine.root};
+  constexpr int kFields = 6;
+  const long long own[kFields] = {mine.collective, mine.dtype, mine.op, mine.count, mine.root, mine.algorithm};
   std::vector<long long> all(static_cast<std::size_t>(p) * kFields);
   std::memcpy(&all[static_cast<std::size_t>(comm.rank()) * kFields], own, sizeof(own));
   // A ring allgather of fixed-size headers: every rank sends and expects the same byte count,
@@ -36,7 +36,7 @@ void check_same_call(Communicator& comm, const CallHeader& mine) {
                   &all[static_cast<std::size_t>(recv_block) * kFields], sizeof(own), mod(comm.rank() - 1, p),
                   kTagCheck);
   }
-  static const char* kNames[kFields] = {"collective", "dtype", "op", "count", "root"};
+  static const char* kNames[kFields] = {"collective", "dtype", "op", "count", "root", "algorithm"};
   for (int r = 1; r < p; ++r)
     for (int f = 0; f < kFields; ++f)
       if (all[static_cast<std::size_t>(r) * kFields + f] != all[f])

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -53,10 +54,13 @@ int to_int_count(std::size_t bytes) {
   return static_cast<int>(bytes);
 }
 
-// MPI has no predefined half-precision types, so float16/bfloat16 travel as 2-byte elements
-// reduced by a user-defined op that calls zcoll's own kernel (same rounding as ours).
+// User-defined ops that call zcoll's own kernel. MPI has no predefined half-precision types, so
+// float16/bfloat16 travel as 2-byte elements reduced by these (same rounding as ours). float32 /
+// float64 min and max use them too: MPI_MIN / MPI_MAX drop NaNs (C's a < b ? a : b) where
+// zcoll's kernels propagate them, and "auto" hands small messages to MPI, so without this the
+// NaN behaviour of auto would depend on the message size.
 template <ReduceOp kOp, DType kType>
-void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+void kernel_op(void* in, void* inout, int* len, MPI_Datatype*) {
   kernels::reduce(inout, in, inout, static_cast<std::size_t>(*len), kType, kOp);
 }
 
@@ -71,14 +75,16 @@ MPI_Datatype half_datatype() {
 }
 
 template <DType kType>
-MPI_Op half_mpi_op(ReduceOp op) {
+MPI_Op kernel_mpi_op(ReduceOp op) {
   static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-  static MPI_User_function* fns[4] = {half_op<ReduceOp::kSum, kType>, half_op<ReduceOp::kProd, kType>,
-                                      half_op<ReduceOp::kMin, kType>, half_op<ReduceOp::kMax, kType>};
+  static MPI_User_function* fns[4] = {kernel_op<ReduceOp::kSum, kType>, kernel_op<ReduceOp::kProd, kType>,
+                                      kernel_op<ReduceOp::kMin, kType>, kernel_op<ReduceOp::kMax, kType>};
   const int i = op == ReduceOp::kAvg ? 0 : static_cast<int>(op);
   if (ops[i] == MPI_OP_NULL) ZCOLL_MPI_CHECK(MPI_Op_create(fns[i], /*commute=*/1, &ops[i]));
   return ops[i];
 }
+
+}  // namespace
 
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
@@ -95,8 +101,12 @@ MPI_Datatype mpi_datatype(DType dtype) {
 }
 
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
-  if (dtype == DType::kFloat16) return half_mpi_op<DType::kFloat16>(op);
-  if (dtype == DType::kBFloat16) return half_mpi_op<DType::kBFloat16>(op);
+  if (dtype == DType::kFloat16) return kernel_mpi_op<DType::kFloat16>(op);
+  if (dtype == DType::kBFloat16) return kernel_mpi_op<DType::kBFloat16>(op);
+  if (op == ReduceOp::kMin || op == ReduceOp::kMax) {
+    if (dtype == DType::kFloat32) return kernel_mpi_op<DType::kFloat32>(op);
+    if (dtype == DType::kFloat64) return kernel_mpi_op<DType::kFloat64>(op);
+  }
   switch (op) {
     case ReduceOp::kProd: return MPI_PROD;
     case ReduceOp::kMin: return MPI_MIN;
@@ -107,7 +117,6 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
   return MPI_SUM;
 }
 
-}  // namespace
 
 void mpi_check(int rc, const char* call, const char* file, int line) {
   if (rc == MPI_SUCCESS) return;
@@ -132,6 +141,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
   oversubscribed_ = local_size_ > cpus_available(local_size_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
+  const char* shm = std::getenv("ZCOLL_SHM");
+  shm_allowed_ = shm == nullptr || std::strcmp(shm, "0") != 0;
 }
 
 MpiCommunicator::~MpiCommunicator() {

@@ -34,7 +34,8 @@ class MpiCommunicator final : public Communicator {
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
   bool oversubscribed() const override { return oversubscribed_; }
-  bool has_shared_arena() const override { return local_size_ == size_; }
+  // Off with ZCOLL_SHM=0 (e.g. to measure a network while the ranks share one machine).
+  bool has_shared_arena() const override { return shm_allowed_ && local_size_ == size_; }
   SharedArena* shared_arena() override;
 
   MPI_Comm comm() const { return comm_; }
@@ -50,9 +51,16 @@ class MpiCommunicator final : public Communicator {
   int local_size_ = 1;
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
+  bool shm_allowed_ = true;
   MPI_Win arena_window_ = MPI_WIN_NULL;
   SharedArena arena_;
 };
+
+// The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree
+// (sums, products, integer min/max), zcoll's kernels as user ops elsewhere (half types have no
+// MPI type; MPI_MIN/MPI_MAX on floats may drop NaNs). avg maps to sum: divide afterwards.
+MPI_Datatype mpi_datatype(DType dtype);
+MPI_Op mpi_op(DType dtype, ReduceOp op);
 
 // Throws zcoll::Error with file, line, the call and MPI's error string when rc != MPI_SUCCESS.
 void mpi_check(int rc, const char* call, const char* file, int line);

@@ -117,13 +117,14 @@ def as_view(x: Any, name: str = "x") -> View:
             raise ValueError(f"{name}: cannot read this object through DLPack ({e})") from e
         return _numpy_view(a, name, source=x)
     try:
-        memoryview(x)
+        m = memoryview(x)
     except TypeError:
         raise TypeError(
             f"{name}: expected a numpy array, a CPU torch.Tensor, or an object with DLPack or the "
             f"buffer protocol; got {type(x).__name__}"
         ) from None
-    return _numpy_view(np.asarray(x), name, source=x)
+    # Through the memoryview: np.asarray(bytes) would make a 0-d string array, not a uint8 view.
+    return _numpy_view(np.asarray(m), name, source=x)
 
 
 def check_writable(v: View, name: str) -> None:

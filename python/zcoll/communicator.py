@@ -43,8 +43,8 @@ class Communicator:
     released during every blocking call. Every rank must make the same calls in the same order.
 
     Set ``check=True`` (or the environment variable ``ZCOLL_CHECK=1``) to exchange a small header
-    before each collective, so that ranks passing different sizes, dtypes, ops or roots all raise
-    ``zcoll.MismatchError`` instead of hanging or corrupting memory.
+    before each collective, so that ranks passing different sizes, dtypes, ops, roots or
+    algorithms all raise ``zcoll.MismatchError`` instead of hanging or corrupting memory.
 
     Example::
 
@@ -216,9 +216,12 @@ class Communicator:
         self._check_root(root)
         v = as_view(x, "x")
         code = _op_code(op, v.dtype)
-        o = self._out(v, out, v.count, v.shape) if c.rank == root else None
-        _C.reduce(c, v.address, o.address if o else 0, v.count, v.code, code, root, **self._pipeline())
-        return o.obj if o else None
+        # A given `out` is validated on every rank, not only on root: an error raised on root
+        # alone would send the other ranks into the collective without it.
+        o = self._out(v, out, v.count, v.shape) if c.rank == root or out is not None else None
+        dst = o if c.rank == root else None
+        _C.reduce(c, v.address, dst.address if dst else 0, v.count, v.code, code, root, **self._pipeline())
+        return dst.obj if dst else None
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier."""

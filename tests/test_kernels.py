@@ -1,0 +1,286 @@
+"""The reduction kernels (zcoll._C.reduce_kernel / divide_kernel) against numpy, single process.
+
+Every implementation this CPU runs (scalar, avx2, avx512) and the dispatcher, every dtype and
+op, sizes around every vector width. The scalar kernel must equal the numpy reference bit for
+bit (NaN payloads aside for + and *, where IEEE leaves the payload to the hardware); every SIMD
+copy must equal the scalar kernel bit for bit, NaN payloads included. Inputs mix random bit
+patterns (NaN, inf, subnormals), values of similar magnitude (so sums round), and the cross
+product of edge values. The output is surrounded by guard elements that must stay untouched,
+and buffers start misaligned for some sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from numerics import (
+    DTYPE_CODES,
+    DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    OP_CODES,
+    bf16_from_f32,
+    bits,
+    describe_mismatch,
+    divide,
+    equal_bits,
+    from_values,
+    isnan,
+    ops_for,
+    random_bits,
+    reduce_pair,
+    storage_dtype,
+    values,
+)
+from zcoll import _C
+
+IMPLS = list(_C.kernel_impls()) + ["dispatch"]
+SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 1009, 1 << 20]
+GUARD = 64  # elements on each side of the output (one 64-byte vector even for int8)
+SENTINEL = 0xA5
+
+
+def edge_values(dtype: str) -> np.ndarray:
+    """Values where implementations tend to differ, as storage."""
+    if dtype in INT_DTYPES:
+        info = np.iinfo(dtype)
+        return np.array([0, 1, -1, 2, info.min, info.max, info.min + 1, info.max - 1], dtype=np.int64).astype(
+            dtype
+        )
+    if dtype == "bfloat16":
+        # 1 + 2^-8 and 1 + 3 * 2^-8 sums land on ties; 0x0001/0x8001 are subnormal; 0x7f7f is max.
+        raw = [
+            0x0000,
+            0x8000,
+            0x3F80,
+            0xBF80,
+            0x3F81,
+            0x3F83,
+            0x0001,
+            0x8001,
+            0x007F,
+            0x7F7F,
+            0xFF7F,
+            0x7F80,
+            0xFF80,
+            0x7FC0,
+            0xFFC1,
+            0x7F81,
+        ]
+        return np.array(raw, dtype=np.uint16)
+    info = np.finfo(dtype)
+    tiny_sub = info.smallest_subnormal
+    v = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        1.0 + info.eps,
+        1.5,
+        info.eps / 2,
+        tiny_sub,
+        -tiny_sub,
+        info.tiny,
+        info.tiny - tiny_sub,
+        info.max,
+        -info.max,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ]
+    out = np.array(v, dtype=dtype)
+    # NaNs with other payloads and signs: min/max must pick the right one.
+    u = bits(out, dtype).copy()
+    nan = u[-1]
+    u = np.append(u, [nan | 1, nan | (1 << (u.itemsize * 8 - 1))]).astype(u.dtype)
+    return u.view(storage_dtype(dtype))
+
+
+def operands(dtype: str, n: int, seed: int) -> tuple:
+    """(a, b) storage arrays of n elements: the edge cross product first, then random bits and
+    values of similar magnitude alternating in blocks."""
+    rng = np.random.default_rng(seed)
+    a, b = random_bits(rng, n, dtype), random_bits(rng, n, dtype)
+    if dtype in FLOAT_DTYPES and n > 1:
+        # every other block of 8: normal values within a factor ~16 of each other, both signs
+        close = rng.standard_normal(2 * n) * np.exp2(rng.integers(-3, 4, 2 * n))
+        mask = (np.arange(n) // 8) % 2 == 1
+        a[mask] = from_values(close[:n], dtype)[mask]
+        b[mask] = from_values(close[n:], dtype)[mask]
+    edges = edge_values(dtype)
+    ea, eb = np.repeat(edges, edges.size), np.tile(edges, edges.size)
+    k = min(n, ea.size)
+    a[:k], b[:k] = ea[:k], eb[:k]
+    return a, b
+
+
+def buffer(n: int, dtype: str, offset: int) -> np.ndarray:
+    """A storage array of n + 2 * GUARD elements filled with the sentinel, starting `offset`
+    elements past a 64-byte boundary."""
+    es = storage_dtype(dtype).itemsize
+    raw = np.full((n + 2 * GUARD + offset) * es + 64, SENTINEL, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset * es
+    return raw[start : start + (n + 2 * GUARD) * es].view(storage_dtype(dtype))
+
+
+def addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def run_reduce(a: np.ndarray, b: np.ndarray, dtype: str, op: str, impl: str, offset: int) -> np.ndarray:
+    """Runs the kernel on misaligned copies of a and b into a guarded output; returns the output."""
+    n = a.size
+    ba, bb, out = buffer(n, dtype, offset), buffer(n, dtype, offset), buffer(n, dtype, offset)
+    ba[GUARD : GUARD + n], bb[GUARD : GUARD + n] = a, b
+    _C.reduce_kernel(
+        addr(out[GUARD:]), addr(ba[GUARD:]), addr(bb[GUARD:]), n, DTYPE_CODES[dtype], OP_CODES[op], impl
+    )
+    guards = np.concatenate([out[:GUARD], out[GUARD + n :]]).view(np.uint8)
+    assert (guards == SENTINEL).all(), f"{impl} {dtype} {op} n={n}: wrote outside the output"
+    assert (ba[GUARD : GUARD + n].view(np.uint8) == a.view(np.uint8)).all(), f"{impl}: modified input a"
+    return out[GUARD : GUARD + n].copy()
+
+
+def assert_same(got, expected, dtype, what, nan_payload=True, any_nan_where=None):
+    """Bitwise equality; with nan_payload=False any NaN matches any NaN, and where
+    `any_nan_where` is true any NaN matches any NaN too."""
+    ok = equal_bits(got, expected, dtype, nan_payload)
+    if any_nan_where is not None:
+        ok |= any_nan_where & isnan(got, dtype) & isnan(expected, dtype)
+    assert ok.all(), f"{what}: " + describe_mismatch(got, expected, dtype, ok)
+
+
+@pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in ops_for(d)])
+def test_reduce_kernel(dtype, op):
+    for size in SIZES:
+        a, b = operands(dtype, size, seed=size * 31 + DTYPE_CODES[dtype] * 7 + OP_CODES[op])
+        expected = reduce_pair(a, b, dtype, op)
+        offset = size % 3
+        scalar = run_reduce(a, b, dtype, op, "scalar", offset)
+        minmax = op in ("min", "max")
+        # + and * leave the payload of a NaN result to the hardware: any NaN matches numpy's.
+        assert_same(scalar, expected, dtype, f"scalar {dtype} {op} n={size} vs numpy", nan_payload=minmax)
+        # Between implementations: bitwise, NaN payloads included, except where a and b are both
+        # NaN in + and *: which payload wins then depends on the operand order the compiler
+        # emitted (x86 returns the first source's NaN), which C++ does not pin down.
+        both_nan = None if minmax else isnan(a, dtype) & isnan(b, dtype)
+        for impl in IMPLS[1:]:
+            got = run_reduce(a, b, dtype, op, impl, offset)
+            assert_same(got, scalar, dtype, f"{impl} {dtype} {op} n={size} vs scalar", any_nan_where=both_nan)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reduce_kernel_in_place(impl, dtype):
+    """out may alias a or b exactly."""
+    for size in (17, 1009):
+        a, b = operands(dtype, size, seed=size)
+        expected = reduce_pair(a, b, dtype, "sum")
+        x, y = a.copy(), b.copy()
+        _C.reduce_kernel(addr(x), addr(x), addr(y), size, DTYPE_CODES[dtype], OP_CODES["sum"], impl)
+        assert_same(x, expected, dtype, f"{impl} {dtype} out=a", nan_payload=False)
+        x, y = a.copy(), b.copy()
+        _C.reduce_kernel(addr(y), addr(x), addr(y), size, DTYPE_CODES[dtype], OP_CODES["sum"], impl)
+        assert_same(y, expected, dtype, f"{impl} {dtype} out=b", nan_payload=False)
+
+
+def test_min_max_nan_rule():
+    """Spelled out on a few values: a NaN in a wins, else a NaN in b, else the smaller/larger."""
+    nan_a = np.array([np.nan, 1.0, np.nan, 2.0, -0.0, 0.0], dtype=np.float32)
+    b = np.array([1.0, np.nan, -np.nan, 3.0, 0.0, -0.0], dtype=np.float32)
+    nan_a_bits = bits(nan_a, "float32").copy()
+    nan_a_bits[0] |= 1  # a's NaN has a payload b's NaN lacks
+    a = nan_a_bits.view(np.float32)
+    for impl in IMPLS:
+        for op, numbers in (("min", [2.0, 0.0, -0.0]), ("max", [3.0, 0.0, -0.0])):
+            out = np.empty_like(a)
+            _C.reduce_kernel(addr(out), addr(a), addr(b), a.size, DTYPE_CODES["float32"], OP_CODES[op], impl)
+            ob = bits(out, "float32")
+            assert ob[0] == bits(a, "float32")[0], f"{impl} {op}: NaN in a must win"
+            assert ob[1] == bits(b, "float32")[1], f"{impl} {op}: NaN in b must win over a number"
+            assert ob[2] == bits(a, "float32")[2], f"{impl} {op}: a's NaN wins over b's"
+            assert list(bits(out[3:], "float32")) == list(bits(np.array(numbers, np.float32), "float32")), (
+                impl
+            )
+
+
+def test_integer_wrap():
+    a = np.array([127, -128, 100, -1], dtype=np.int8)
+    b = np.array([1, -1, 100, -1], dtype=np.int8)
+    for impl in IMPLS:
+        for op, expected in (("sum", [-128, 127, -56, -2]), ("prod", [127, -128, 16, 1])):
+            out = np.empty_like(a)
+            _C.reduce_kernel(addr(out), addr(a), addr(b), 4, DTYPE_CODES["int8"], OP_CODES[op], impl)
+            assert out.tolist() == expected, (impl, op)
+
+
+def test_bf16_helper_matches_torch():
+    """The numpy bfloat16 rounding used as the reference agrees with torch's conversion."""
+    rng = np.random.default_rng(7)
+    f = random_bits(rng, 1 << 16, "float32")
+    f = f[~np.isnan(f)]  # torch and we may quiet NaNs differently; NaNs are checked below
+    ties = (np.arange(1 << 16, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exact halfway cases
+    f = np.concatenate([f, ties[~np.isnan(ties)]])
+    ours = bf16_from_f32(f)
+    theirs = torch.from_numpy(f).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert (ours == theirs).all()
+    nan = bf16_from_f32(np.array([np.nan, -np.nan], np.float32))
+    assert np.isnan(values(nan, "bfloat16")).all()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("divisor", [2, 3, 4, 7])
+def test_divide_kernel(dtype, divisor):
+    for size in SIZES:
+        a, _ = operands(dtype, size, seed=size + divisor)
+        expected = divide(a, dtype, divisor)
+        results = {}
+        for impl in ("scalar", "dispatch"):
+            buf = buffer(size, dtype, size % 3)
+            buf[GUARD : GUARD + size] = a
+            _C.divide_kernel(addr(buf[GUARD:]), size, DTYPE_CODES[dtype], divisor, impl)
+            guards = np.concatenate([buf[:GUARD], buf[GUARD + size :]]).view(np.uint8)
+            assert (guards == SENTINEL).all(), f"{impl} divide wrote outside the buffer"
+            results[impl] = buf[GUARD : GUARD + size].copy()
+        assert_same(results["scalar"], expected, dtype, f"scalar divide {dtype} /{divisor} n={size}", False)
+        assert_same(
+            results["dispatch"], results["scalar"], dtype, f"dispatch divide {dtype} /{divisor} n={size}"
+        )
+
+
+def test_divide_by_one_is_identity():
+    a, _ = operands("float32", 1009, seed=1)
+    x = a.copy()
+    _C.divide_kernel(addr(x), x.size, DTYPE_CODES["float32"], 1, "dispatch")
+    assert (bits(x, "float32") == bits(a, "float32")).all()
+
+
+def test_bad_kernel_arguments():
+    x = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="unknown or not supported"):
+        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 0, 0, "sse9")
+    with pytest.raises(ValueError, match="dtype"):
+        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 8, 0, "scalar")
+    with pytest.raises(ValueError, match="op"):
+        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 0, 5, "scalar")
+    with pytest.raises(ValueError, match="avg"):
+        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, DTYPE_CODES["int32"], OP_CODES["avg"], "scalar")
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2"])
+def test_simd_env_override(level):
+    """ZCOLL_SIMD selects the dispatched level (never above what the CPU has)."""
+    if level not in _C.kernel_impls():
+        pytest.skip(f"CPU lacks {level}")
+    code = "from zcoll import _C; print(_C.simd_level(), _C.detected_simd_level())"
+    env = {**os.environ, "ZCOLL_SIMD": level}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [level, _C.detected_simd_level()]
