@@ -78,9 +78,13 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
                           const CompressionOptions& o, CompressionStats* stats_out) {
   validate(o, dtype, count);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
-  if (o.check_args || detail::check_mode_from_env())
+  if (o.check_args || detail::check_mode_from_env()) {
+    // "collective" 200 + kind; "algorithm" the parameter that shapes the payloads.
+    const long long shape = o.kind == Compression::kQuantize ? o.bits * 1000000LL + static_cast<long long>(o.block)
+                            : is_sparse(o.kind) ? std::llround(o.ratio * 1e9) : 0;
     detail::check_same_call(comm, {200 + static_cast<int>(o.kind), static_cast<int>(dtype), static_cast<int>(o.op),
-                                   static_cast<long long>(count), o.bits});
+                                   static_cast<long long>(count), 0, shape});
+  }
   CompressionStats stats;
   const int p = comm.size();
   const std::uint64_t sent_before = comm.stats().bytes_sent;

@@ -6,7 +6,8 @@ Suites:
   feedback   error feedback over steps: sum of results + sum of residuals == sum of inputs; the
              mean result converges where compression without feedback stays biased
   nonfinite  NaN / Inf on one rank: FloatingPointError naming the key on every rank, and the
-             communicator and the compressor work afterwards
+             communicator and the compressor work afterwards; check mode catches ranks passing
+             different compressors
 An assertion on one rank aborts the job (python -m mpi4py). Rank 0 prints "OK SUITE CHECKS".
 """
 import sys
@@ -211,7 +212,16 @@ def suite_nonfinite():
             everyone = world.allgather(y.tobytes())
             assert all(b == everyone[0] for b in everyone)
             checks += 1
-    return checks
+    # Check mode: ranks passing different compressors raise MismatchError instead of hanging.
+    checked = zcoll.Communicator(check=True)
+    q = zcoll.GradientQuantizer(8 if rank == 0 else 4, error_feedback=False)
+    try:
+        checked.allreduce(np.ones(n, np.float32), compression=q)
+        assert p == 1, "no MismatchError"
+    except zcoll.MismatchError as e:
+        assert "rank 0 passed 8000256, rank 1 passed 4000256" in str(e), str(e)
+    checked.free()
+    return checks + 1
 
 
 if __name__ == "__main__":
