@@ -12,7 +12,8 @@
 namespace {
 using namespace zcoll;
 
-const std::vector<std::string> kAlgorithms = {"ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"};
+const std::vector<std::string> kAlgorithms = {"ring", "tree", "recursive_doubling", "halving_doubling",
+                                              "shm",  "auto"};
 
 bool is_algorithm(const std::string& name) {
   return name == "mpi" || std::find(kAlgorithms.begin(), kAlgorithms.end(), name) != kAlgorithms.end();
@@ -51,8 +52,8 @@ void check_variant(const std::string& name, DType dtype, ReduceOp op) {
 
 // Checks a result against the exact sum (in double) of every rank's stored input and counts
 // elements outside the bound of compression.h, with A and M computed from those inputs.
-bench::Accuracy accuracy(const std::string& variant, const void* result, std::size_t n, DType dtype, ReduceOp op,
-                         int p) {
+bench::Accuracy accuracy(const std::string& variant, const void* result, std::size_t n, DType dtype,
+                         ReduceOp op, int p) {
   const CompressionOptions o = parse_compression(variant);
   std::vector<double> exact(n, 0.0), M(n, 0.0), A;
   for (int r = 0; r < p; ++r)
@@ -67,7 +68,8 @@ bench::Accuracy accuracy(const std::string& variant, const void* result, std::si
       for (std::size_t b = 0; b < n; b += o.block) {
         const std::size_t e = std::min(n, b + o.block);
         double m = 0;
-        for (std::size_t i = b; i < e; ++i) m = std::max(m, std::fabs(bench::stored_gradient_value(i, r, dtype)));
+        for (std::size_t i = b; i < e; ++i)
+          m = std::max(m, std::fabs(bench::stored_gradient_value(i, r, dtype)));
         for (std::size_t i = b; i < e; ++i) A[i] += m;
       }
   } else if (o.kind == Compression::kTopK) {  // sum over ranks of the k-th largest |x|
@@ -106,8 +108,9 @@ bench::Accuracy accuracy(const std::string& variant, const void* result, std::si
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::CollectiveBench b{"allreduce", true, false, kAlgorithms, [](int p) { return 2.0 * (p - 1) / p; },
-                           same, same, same, run, fill_input, fill_expected};
+  bench::CollectiveBench b{"allreduce",  true, false, kAlgorithms, [](int p) { return 2.0 * (p - 1) / p; },
+                           same,         same, same,  run,         fill_input,
+                           fill_expected};
   b.check_variant = check_variant;
   b.accuracy = accuracy;
   return bench::run_benchmark(argc, argv, b);

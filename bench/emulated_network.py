@@ -16,6 +16,7 @@ Steps:
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN) and the `ip` and `tc` tools; refuses with a
 message and exit status 3 otherwise. Run from the repository's venv (./dev.sh sets it up).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 METHODS = "none,fp16,bf16,int8,int4,sign,topk:0.01,randomk:0.01,threshold:6"
 # At 2 ranks and 16 MiB of float32: minimum speed-up over MPI_Allreduce in the same run.
@@ -40,7 +42,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def refuse(msg: str) -> "NoReturn":  # noqa: F821
+def refuse(msg: str) -> NoReturn:
     print(f"emulated_network.py: {msg}", file=sys.stderr)
     sys.exit(3)
 
@@ -66,17 +68,37 @@ class Namespace:
                 refuse(f"the '{tool}' tool is missing (package iproute2); cannot emulate a network here")
         r = sh("ip", "netns", "add", self.name, check=False)
         if r.returncode:
-            refuse(f"cannot create a network namespace ({r.stderr.strip()}); this needs root or "
-                   "CAP_SYS_ADMIN (e.g. sudo, or a container started with --cap-add SYS_ADMIN,NET_ADMIN)")
+            refuse(
+                f"cannot create a network namespace ({r.stderr.strip()}); this needs root or "
+                "CAP_SYS_ADMIN (e.g. sudo, or a container started with --cap-add SYS_ADMIN,NET_ADMIN)"
+            )
         self.created = True
-        steps = [("ip", "link", "set", "lo", "up"),
-                 ("tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms")]
+        steps = [
+            ("ip", "link", "set", "lo", "up"),
+            (
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            ),
+        ]
         for step in steps:
             r = sh("ip", "netns", "exec", self.name, *step, check=False)
             if r.returncode:
                 self.close()
-                refuse(f"'{' '.join(step)}' failed in the namespace ({r.stderr.strip()}); traffic control "
-                       "(tc tbf) is not permitted or not available here")
+                refuse(
+                    f"'{' '.join(step)}' failed in the namespace ({r.stderr.strip()}); traffic control "
+                    "(tc tbf) is not permitted or not available here"
+                )
         log(f"namespace {self.name}: loopback limited to {rate} (tbf, burst 256kb, latency 50ms)")
 
     def close(self) -> None:
@@ -88,8 +110,20 @@ class Namespace:
     def bench(self, ranks: int, flags: list, csv_path: Path, timeout: float) -> list:
         """Runs zcoll_allreduce_perf in the namespace, echoing its rows; returns the CSV records."""
         env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **MPI_TCP)
-        cmd = ["ip", "netns", "exec", self.name, str(BIN / "mpirun"), "-n", str(ranks), str(BIN / "zcoll_allreduce_perf"), *flags, "--csv", str(csv_path)]
-        log(f"{ranks} ranks: {' '.join(cmd[cmd.index('-n') - 1:])}")
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            self.name,
+            str(BIN / "mpirun"),
+            "-n",
+            str(ranks),
+            str(BIN / "zcoll_allreduce_perf"),
+            *flags,
+            "--csv",
+            str(csv_path),
+        ]
+        log(f"{ranks} ranks: {' '.join(cmd[cmd.index('-n') - 1 :])}")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.time() + timeout
         for line in proc.stdout:
@@ -104,12 +138,18 @@ class Namespace:
 
 
 def measure_link(ns: Namespace, tmp: Path, iters: int) -> float:
-    rows = ns.bench(2, ["-b", "16M", "-e", "16M", "-n", str(iters), "-w", "1", "-c", "0", "-a", "ring", "-z", "none"],
-                    tmp / "link.csv", timeout=300)
+    rows = ns.bench(
+        2,
+        ["-b", "16M", "-e", "16M", "-n", str(iters), "-w", "1", "-c", "0", "-a", "ring", "-z", "none"],
+        tmp / "link.csv",
+        timeout=300,
+    )
     ring = next(r for r in rows if r["algorithm"] == "ring")
     throughput = 2 * float(ring["wire_bytes"]) / (float(ring["time_us"]) * 1e-6)
-    log(f"link throughput: {throughput / 1e6:.1f} MB/s (zcoll ring, 16 MiB, 2 ranks: "
-        f"{2 * float(ring['wire_bytes']) / 1e6:.1f} MB in {float(ring['time_us']) / 1e3:.1f} ms)")
+    log(
+        f"link throughput: {throughput / 1e6:.1f} MB/s (zcoll ring, 16 MiB, 2 ranks: "
+        f"{2 * float(ring['wire_bytes']) / 1e6:.1f} MB in {float(ring['time_us']) / 1e3:.1f} ms)"
+    )
     return throughput
 
 
@@ -121,17 +161,36 @@ def report(records: list, throughput: float) -> list:
         p, t = int(r["ranks"]), float(r["time_us"])
         wire = float(r["wire_bytes"])
         link = p * wire / throughput * 1e6  # MPI's row counts the bytes a ring would send
-        out.append(dict(ranks=p, size=int(r["size"]), method="none (ring)" if r["algorithm"] == "ring" else r["algorithm"],
-                        time_ms=t / 1e3, vs_mpi=mpi[(r["ranks"], r["size"])] / t, wire=wire, link_ms=link / 1e3,
-                        vs_link=t / link if link else float("nan"), wrong=int(r["wrong"]), rel_err=float(r["rel_err"])))
+        out.append(
+            dict(
+                ranks=p,
+                size=int(r["size"]),
+                method="none (ring)" if r["algorithm"] == "ring" else r["algorithm"],
+                time_ms=t / 1e3,
+                vs_mpi=mpi[(r["ranks"], r["size"])] / t,
+                wire=wire,
+                link_ms=link / 1e3,
+                vs_link=t / link if link else float("nan"),
+                wrong=int(r["wrong"]),
+                rel_err=float(r["rel_err"]),
+            )
+        )
     for p in sorted({o["ranks"] for o in out}):
-        print(f"\n{p} ranks (link {throughput / 1e6:.1f} MB/s shared by all ranks; link time = {p} x wire / link)")
-        print(f"| {'size':>8} | {'method':<13} | {'time ms':>9} | {'vs MPI':>7} | {'wire/rank B':>12} | "
-              f"{'link ms':>9} | {'time/link':>9} | {'rel err':>8} | #wrong |")
-        print(f"|{'-' * 10}|{'-' * 15}|{'-' * 11}|{'-' * 9}|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 10}|--------|")
+        print(
+            f"\n{p} ranks (link {throughput / 1e6:.1f} MB/s shared by all ranks; link time = {p} x wire / link)"
+        )
+        print(
+            f"| {'size':>8} | {'method':<13} | {'time ms':>9} | {'vs MPI':>7} | {'wire/rank B':>12} | "
+            f"{'link ms':>9} | {'time/link':>9} | {'rel err':>8} | #wrong |"
+        )
+        print(
+            f"|{'-' * 10}|{'-' * 15}|{'-' * 11}|{'-' * 9}|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 10}|--------|"
+        )
         for o in (o for o in out if o["ranks"] == p):
-            print(f"| {human(o['size']):>8} | {o['method']:<13} | {o['time_ms']:9.2f} | {o['vs_mpi']:6.2f}x | "
-                  f"{o['wire']:12.0f} | {o['link_ms']:9.2f} | {o['vs_link']:9.2f} | {o['rel_err']:8.2g} | {o['wrong']:6d} |")
+            print(
+                f"| {human(o['size']):>8} | {o['method']:<13} | {o['time_ms']:9.2f} | {o['vs_mpi']:6.2f}x | "
+                f"{o['wire']:12.0f} | {o['link_ms']:9.2f} | {o['vs_link']:9.2f} | {o['rel_err']:8.2g} | {o['wrong']:6d} |"
+            )
     return out
 
 
@@ -144,17 +203,23 @@ def human(b: int) -> str:
 
 def check_targets(rows: list) -> bool:
     ok = True
-    print("\nTargets at 2 ranks, 16 MiB float32 (speed-up over MPI_Allreduce in the same run; time within "
-          f"{(LINK_SLACK - 1) * 100:.0f}% of wire bytes / link throughput):")
+    print(
+        "\nTargets at 2 ranks, 16 MiB float32 (speed-up over MPI_Allreduce in the same run; time within "
+        f"{(LINK_SLACK - 1) * 100:.0f}% of wire bytes / link throughput):"
+    )
     for method, want in TARGETS.items():
-        row = next((o for o in rows if o["ranks"] == 2 and o["size"] == 16 << 20 and o["method"] == method), None)
+        row = next(
+            (o for o in rows if o["ranks"] == 2 and o["size"] == 16 << 20 and o["method"] == method), None
+        )
         if row is None:
             print(f"  {method:<10} not measured")
             continue
         good = row["vs_mpi"] >= want and row["vs_link"] <= LINK_SLACK
         ok &= good
-        print(f"  {method:<10} {row['vs_mpi']:6.2f}x (target >= {want}x), time/link {row['vs_link']:.2f}: "
-              f"{'met' if good else 'MISSED'}")
+        print(
+            f"  {method:<10} {row['vs_mpi']:6.2f}x (target >= {want}x), time/link {row['vs_link']:.2f}: "
+            f"{'met' if good else 'MISSED'}"
+        )
     return ok
 
 
@@ -171,8 +236,13 @@ def plot(rows: list, path: Path) -> None:
             pts = sorted((o["size"], o["time_ms"]) for o in rows if o["ranks"] == p and o["method"] == method)
             style = "k--" if method == "mpi" else "-"
             ax.plot([s for s, _ in pts], [t for _, t in pts], style, marker="o", markersize=3, label=method)
-        ax.set(xscale="log", yscale="log", xlabel="bytes per rank (float32)", ylabel="time (ms)",
-               title=f"allreduce, {p} ranks, 1 Gbit/s emulated link")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="bytes per rank (float32)",
+            ylabel="time (ms)",
+            title=f"allreduce, {p} ranks, 1 Gbit/s emulated link",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -191,11 +261,17 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=METHODS, help=f"-z list of the benchmark (default {METHODS})")
     ap.add_argument("--rate", default="1gbit", help="tbf rate of the loopback (default 1gbit)")
     ap.add_argument("--no-check", action="store_true", help="skip the result check (-c 0): faster at 64M")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                    help="directory for the CSV and the PNG plot (default bench/results)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results",
+        help="directory for the CSV and the PNG plot (default bench/results)",
+    )
     args = ap.parse_args(argv)
     if not (BIN / "zcoll_allreduce_perf").exists() or not (BIN / "mpirun").exists():
-        refuse(f"zcoll_allreduce_perf or mpirun not found in {BIN}; run with the venv's python (./dev.sh test builds it)")
+        refuse(
+            f"zcoll_allreduce_perf or mpirun not found in {BIN}; run with the venv's python (./dev.sh test builds it)"
+        )
     if os.geteuid() != 0:
         log("not root: trying anyway (needs CAP_SYS_ADMIN and CAP_NET_ADMIN)")
     ns = Namespace(args.rate)
@@ -204,8 +280,26 @@ def main(argv=None) -> int:
             throughput = measure_link(ns, Path(tmp), args.iters)
             records = []
             for p in [int(x) for x in args.ranks.split(",")]:
-                flags = ["-b", args.min, "-e", args.max, "-f", str(args.factor), "-n", str(args.iters), "-w", "1",
-                         "-c", "0" if args.no_check else "1", "-a", "ring", "-z", args.methods, "-t", "120"]
+                flags = [
+                    "-b",
+                    args.min,
+                    "-e",
+                    args.max,
+                    "-f",
+                    str(args.factor),
+                    "-n",
+                    str(args.iters),
+                    "-w",
+                    "1",
+                    "-c",
+                    "0" if args.no_check else "1",
+                    "-a",
+                    "ring",
+                    "-z",
+                    args.methods,
+                    "-t",
+                    "120",
+                ]
                 records += ns.bench(p, flags, Path(tmp) / f"p{p}.csv", timeout=3600)
         args.out.mkdir(parents=True, exist_ok=True)
         with open(args.out / "emulated_network.csv", "w", newline="") as f:

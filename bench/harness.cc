@@ -211,7 +211,8 @@ Row check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, c
     acc = b.accuracy(algo, result, n, a.dtype, a.op, p);
   } else if (has_result) {
     for (std::size_t i = 0; i < n; ++i)
-      acc.wrong += std::memcmp(static_cast<const char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
+      acc.wrong +=
+          std::memcmp(static_cast<const char*>(result) + i * es, static_cast<char*>(expected) + i * es, es) != 0;
     for (std::size_t i = 0; a.z_columns && i < n; ++i) {
       const double e = load_value(expected, i, a.dtype);
       acc.max_abs = std::fmax(acc.max_abs, std::fabs(load_value(result, i, a.dtype) - e));

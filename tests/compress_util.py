@@ -5,6 +5,7 @@ scripts as `python -m mpi4py script.py` (an unhandled exception on one rank abor
 instead of leaving the others waiting), MPICH's collectives set to not busy-spin (3 and 4 ranks
 share 2 cores here), and a timeout after which the whole process tree is killed.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,9 @@ def _descendants(pid: int) -> list:
 
 def run(cmd: list, timeout: float = 120) -> tuple:
     """(exit status, stdout+stderr); on timeout the whole tree is killed and the status is -9."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out

@@ -14,10 +14,10 @@ namespace zcoll::bindings {
 void bind_compressed(py::module_& m) {
   m.def(
       "allreduce_compressed",
-      [](MpiCommunicator& c, std::uintptr_t in, std::uintptr_t out, std::size_t count, int dtype, int op, int kind,
-         int bits, std::size_t block, bool stochastic, std::uint64_t seed, double ratio, bool exact_topk,
-         float threshold, std::uintptr_t residual, bool measure_error, std::size_t segment_bytes, int depth,
-         bool check) {
+      [](MpiCommunicator& c, std::uintptr_t in, std::uintptr_t out, std::size_t count, int dtype, int op,
+         int kind, int bits, std::size_t block, bool stochastic, std::uint64_t seed, double ratio,
+         bool exact_topk, float threshold, std::uintptr_t residual, bool measure_error,
+         std::size_t segment_bytes, int depth, bool check) {
         CompressionOptions o;
         o.kind = static_cast<Compression>(kind);
         o.op = static_cast<ReduceOp>(op);
@@ -51,9 +51,9 @@ void bind_compressed(py::module_& m) {
       },
       py::arg("comm"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("kind"), py::arg("bits") = 8, py::arg("block") = 256, py::arg("stochastic") = false,
-      py::arg("seed") = 0, py::arg("ratio") = 0.01, py::arg("exact_topk") = false, py::arg("threshold") = 0.0f,
-      py::arg("residual") = 0, py::arg("measure_error") = false, py::arg("segment_bytes") = 0,
-      py::arg("depth") = 0, py::arg("check") = false);
+      py::arg("seed") = 0, py::arg("ratio") = 0.01, py::arg("exact_topk") = false,
+      py::arg("threshold") = 0.0f, py::arg("residual") = 0, py::arg("measure_error") = false,
+      py::arg("segment_bytes") = 0, py::arg("depth") = 0, py::arg("check") = false);
   m.def("sparse_k", &sparse_k, py::arg("count"), py::arg("ratio"));
   m.def(
       "compression_error_bound",

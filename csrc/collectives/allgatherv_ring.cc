@@ -17,14 +17,19 @@ class AllgathervSteps {
  public:
   AllgathervSteps(Communicator& comm, void* buf, const std::size_t* offset, const std::size_t* bytes,
                   std::size_t nseg)
-      : buf_(static_cast<unsigned char*>(buf)), offset_(offset), bytes_(bytes), rank_(comm.rank()),
-        p_(comm.size()), nseg_(nseg) {}
+      : buf_(static_cast<unsigned char*>(buf)),
+        offset_(offset),
+        bytes_(bytes),
+        rank_(comm.rank()),
+        p_(comm.size()),
+        nseg_(nseg) {}
 
   Unit unit(std::size_t u) const {
     const int step = static_cast<int>(u / nseg_);
     const Range send = part(mod(rank_ - step, p_), u % nseg_);
     const Range recv = part(mod(rank_ - step - 1, p_), u % nseg_);
-    return Unit{buf_ + send.begin, send.count, mod(rank_ + 1, p_), buf_ + recv.begin, recv.count, mod(rank_ - 1, p_)};
+    return Unit{buf_ + send.begin, send.count, mod(rank_ + 1, p_),
+                buf_ + recv.begin, recv.count, mod(rank_ - 1, p_)};
   }
   void on_received(std::size_t, const void*) {}
 

@@ -59,8 +59,11 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
   switch (o.kind) {
     case Compression::kNone:
     case Compression::kFp16:
-    case Compression::kBf16: return;
-    case Compression::kQuantize: kernels::validate(quant_params(o)); return;
+    case Compression::kBf16:
+      return;
+    case Compression::kQuantize:
+      kernels::validate(quant_params(o));
+      return;
     case Compression::kTopK:
     case Compression::kRandomK:
       ZCOLL_REQUIRE(o.ratio > 0.0 && o.ratio <= 1.0, "compression ratio must be in (0, 1], not ", o.ratio);
@@ -68,7 +71,8 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
     case Compression::kThreshold:
       ZCOLL_REQUIRE(o.threshold >= 0.0f, "threshold must be >= 0 (and not NaN), not ", o.threshold);
       break;
-    default: throw std::invalid_argument(detail::concat("unknown compression kind ", static_cast<int>(o.kind)));
+    default:
+      throw std::invalid_argument(detail::concat("unknown compression kind ", static_cast<int>(o.kind)));
   }
   ZCOLL_REQUIRE(count < (std::size_t(1) << 32), "sparse compression indexes with uint32: ", count,
                 " elements are too many (split the tensor)");
@@ -80,10 +84,12 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
   if (o.check_args || detail::check_mode_from_env()) {
     // "collective" 200 + kind; "algorithm" the parameter that shapes the payloads.
-    const long long shape = o.kind == Compression::kQuantize ? o.bits * 1000000LL + static_cast<long long>(o.block)
-                            : is_sparse(o.kind) ? std::llround(o.ratio * 1e9) : 0;
-    detail::check_same_call(comm, {200 + static_cast<int>(o.kind), static_cast<int>(dtype), static_cast<int>(o.op),
-                                   static_cast<long long>(count), 0, shape});
+    const long long shape = o.kind == Compression::kQuantize
+                                ? o.bits * 1000000LL + static_cast<long long>(o.block)
+                            : is_sparse(o.kind) ? std::llround(o.ratio * 1e9)
+                                                : 0;
+    detail::check_same_call(comm, {200 + static_cast<int>(o.kind), static_cast<int>(dtype),
+                                   static_cast<int>(o.op), static_cast<long long>(count), 0, shape});
   }
   CompressionStats stats;
   const int p = comm.size();
@@ -129,8 +135,10 @@ double compression_error_bound(const CompressionOptions& o, int p, double A, dou
     }
     case Compression::kTopK:
     case Compression::kRandomK:
-    case Compression::kThreshold: return A + p * M * std::ldexp(1.0, -23);
-    default: return 0.0;
+    case Compression::kThreshold:
+      return A + p * M * std::ldexp(1.0, -23);
+    default:
+      return 0.0;
   }
 }
 
@@ -172,18 +180,24 @@ std::string compression_name(const CompressionOptions& o) {
     return std::string(buf);
   };
   switch (o.kind) {
-    case Compression::kNone: return "none";
-    case Compression::kFp16: return "fp16";
-    case Compression::kBf16: return "bf16";
+    case Compression::kNone:
+      return "none";
+    case Compression::kFp16:
+      return "fp16";
+    case Compression::kBf16:
+      return "bf16";
     case Compression::kQuantize: {
       std::string n = o.bits == 1 ? "sign" : o.bits == 8 ? "int8" : "int4";
       if (o.stochastic) n += "s";
       if (o.block != 256) n += ":" + std::to_string(o.block);
       return n;
     }
-    case Compression::kTopK: return (o.exact_topk ? "topk_exact:" : "topk:") + num(o.ratio);
-    case Compression::kRandomK: return "randomk:" + num(o.ratio);
-    case Compression::kThreshold: return "threshold:" + num(o.threshold);
+    case Compression::kTopK:
+      return (o.exact_topk ? "topk_exact:" : "topk:") + num(o.ratio);
+    case Compression::kRandomK:
+      return "randomk:" + num(o.ratio);
+    case Compression::kThreshold:
+      return "threshold:" + num(o.threshold);
   }
   return "?";
 }

@@ -44,8 +44,13 @@ class CompressedRing {
  public:
   CompressedRing(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                  const CompressionOptions& o, float* residual)
-      : in_(static_cast<const unsigned char*>(in)), out_(static_cast<unsigned char*>(out)), e_(residual),
-        count_(count), es_(dtype_size(dtype)), rank_(comm.rank()), p_(comm.size()),
+      : in_(static_cast<const unsigned char*>(in)),
+        out_(static_cast<unsigned char*>(out)),
+        e_(residual),
+        count_(count),
+        es_(dtype_size(dtype)),
+        rank_(comm.rank()),
+        p_(comm.size()),
         divisor_(o.op == ReduceOp::kAvg ? comm.size() : 1) {
     const std::size_t granule = o.kind == Compression::kQuantize ? o.block : 16;
     seg_elems_ = compressed_segment_elements(o.pipeline, granule);
@@ -107,7 +112,8 @@ class CompressedRing {
     }
     const int chunk = mod(rank_ - w.step, p_);
     const Seg s = segment(chunk, w.seg);
-    if (w.step < p_ - 2) std::memcpy(ag(chunk, w.seg), data, codec_->payload_bytes(s.n));  // forwarded next step
+    if (w.step < p_ - 2)
+      std::memcpy(ag(chunk, w.seg), data, codec_->payload_bytes(s.n));  // forwarded next step
     nonfinite_ += codec_->decode(data, s.n, divisor_, y(s));
   }
 
@@ -129,7 +135,8 @@ class CompressedRing {
   std::size_t skew() const { return skew_; }
 
   Seg segment(int chunk, std::size_t j) const {
-    const Range g = split(Range{block_begin(granules_, p_, chunk), block_count(granules_, p_, chunk)}, nseg_, j);
+    const Range g =
+        split(Range{block_begin(granules_, p_, chunk), block_count(granules_, p_, chunk)}, nseg_, j);
     const std::size_t begin = std::min(count_, g.begin * granule_);
     return Seg{begin, std::min(count_, (g.begin + g.count) * granule_) - begin};
   }
@@ -174,7 +181,8 @@ std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* 
   if (comm.size() == 1) {
     ring.round_trip();
   } else {
-    run_pipeline(comm, ring, ring.num_units(), ring.max_payload_bytes(), options.pipeline, kTagRingReduceScatter);
+    run_pipeline(comm, ring, ring.num_units(), ring.max_payload_bytes(), options.pipeline,
+                 kTagRingReduceScatter);
   }
   return ring.nonfinite();
 }

@@ -35,7 +35,9 @@ class QuantCodec final : public RingCodec {
   }
 
   std::size_t granule() const override { return params_.block; }
-  std::size_t payload_bytes(std::size_t n) const override { return kernels::quant_layout(n, params_).total_bytes; }
+  std::size_t payload_bytes(std::size_t n) const override {
+    return kernels::quant_layout(n, params_).total_bytes;
+  }
 
   void encode(const void* x, float* e, std::size_t begin, std::size_t n, int hop, void* payload) override {
     const Payload q = split(payload, n);
@@ -65,7 +67,8 @@ class QuantCodec final : public RingCodec {
     if (divisor > 1) kernels::divide(y32, n, DType::kFloat32, divisor);
     if (y32 != y) kernels::cast(y32, DType::kFloat32, y, dtype_, n);
     std::size_t bad = 0;
-    for (std::size_t b = 0, nb = kernels::num_blocks(n, params_.block); b < nb; ++b) bad += q.scales[b] != q.scales[b];
+    for (std::size_t b = 0, nb = kernels::num_blocks(n, params_.block); b < nb; ++b)
+      bad += q.scales[b] != q.scales[b];
     return bad;
   }
 
@@ -173,10 +176,14 @@ std::size_t compressed_segment_elements(const PipelineOptions& pipeline, std::si
 std::unique_ptr<RingCodec> make_ring_codec(const CompressionOptions& options, DType dtype, float* tmp,
                                            std::size_t max_segment) {
   switch (options.kind) {
-    case Compression::kQuantize: return std::make_unique<QuantCodec>(options, dtype, tmp);
-    case Compression::kFp16: return std::make_unique<HalfCodec>(DType::kFloat16, dtype, tmp, max_segment);
-    case Compression::kBf16: return std::make_unique<HalfCodec>(DType::kBFloat16, dtype, tmp, max_segment);
-    default: break;
+    case Compression::kQuantize:
+      return std::make_unique<QuantCodec>(options, dtype, tmp);
+    case Compression::kFp16:
+      return std::make_unique<HalfCodec>(DType::kFloat16, dtype, tmp, max_segment);
+    case Compression::kBf16:
+      return std::make_unique<HalfCodec>(DType::kBFloat16, dtype, tmp, max_segment);
+    default:
+      break;
   }
   throw std::invalid_argument("no ring codec for this compression kind");
 }

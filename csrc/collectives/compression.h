@@ -6,7 +6,8 @@
 //   kQuantize   blockwise int8 / int4 / 1-bit sign + scales   compressed ring (allreduce_compressed_ring.cc)
 //   kTopK       (uint32 index, float32 value) pairs           sparse allgather (allreduce_sparse.cc)
 //   kThreshold  pairs with |x| > threshold                    sparse allgather (allreduce_sparse.cc)
-//   kRandomK    k values at seed-chosen indices, no indices   dense ring over the k values (allreduce_sparse.cc)
+//   kRandomK    k values at seed-chosen indices, no indices   dense ring over the k values
+//   (allreduce_sparse.cc)
 //
 // Every rank ends with the same bits (the compressed ring decodes the same final payload
 // everywhere; the sparse paths add the gathered pairs in rank order). Accuracy: see the error

@@ -25,6 +25,7 @@ key; that key's residual is reset to zero. Each compressor also offers ``compres
 ``decompress(payload)`` for direct use: one rank's wire format, the same bits a one-rank
 allreduce produces.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -149,7 +150,7 @@ class Compressor:
         if not self.error_feedback or key is None:
             return None
         if not isinstance(key, str):
-            raise ValueError(f"key must be a str naming the tensor, got {type(key).__name__}")
+            raise TypeError(f"key must be a str naming the tensor, got {type(key).__name__}")
         shape = tuple(v.shape)
         entry = self._residuals.get(key)
         if entry is None:
@@ -190,19 +191,37 @@ class Compressor:
             )
         e = self._residual_for(key, v)
         s = _C.allreduce_compressed(
-            comm, v.address, o.address, v.count, v.code, 0 if op == "sum" else 4, self._kind,
-            residual=e.ctypes.data if e is not None and e.size else 0, measure_error=self.measure_error,
-            **self._c_kwargs(self._next_seed(key)), **pipeline,
+            comm,
+            v.address,
+            o.address,
+            v.count,
+            v.code,
+            0 if op == "sum" else 4,
+            self._kind,
+            residual=e.ctypes.data if e is not None and e.size else 0,
+            measure_error=self.measure_error,
+            **self._c_kwargs(self._next_seed(key)),
+            **pipeline,
         )
         measured = self.measure_error
         self.last_stats = CompressionStats(
-            method=repr(self), key=key, count=v.count, wire_bytes=s["wire_bytes"], dense_bytes=s["dense_bytes"],
-            nonfinite=s["nonfinite"], pairs=s["pairs"], dense_fallback=s["dense_fallback"],
-            error_max_abs=s["error_max_abs"] if measured else None, error_l2=s["error_l2"] if measured else None,
+            method=repr(self),
+            key=key,
+            count=v.count,
+            wire_bytes=s["wire_bytes"],
+            dense_bytes=s["dense_bytes"],
+            nonfinite=s["nonfinite"],
+            pairs=s["pairs"],
+            dense_fallback=s["dense_fallback"],
+            error_max_abs=s["error_max_abs"] if measured else None,
+            error_l2=s["error_l2"] if measured else None,
         )
         if s["nonfinite"]:
-            where = f"first sent by rank {s['first_nonfinite_rank']}" if s["first_nonfinite_rank"] >= 0 else (
-                f"{s['nonfinite']} non-finite block(s) in the result")
+            where = (
+                f"first sent by rank {s['first_nonfinite_rank']}"
+                if s["first_nonfinite_rank"] >= 0
+                else (f"{s['nonfinite']} non-finite block(s) in the result")
+            )
             self._raise_nonfinite(key, where)
 
     # -- direct use ---------------------------------------------------------------------------
@@ -225,7 +244,9 @@ class Compressor:
         o = as_view(payload.like(payload.shape) if out is None else out, "out")
         check_writable(o, "out")
         if o.dtype != payload.dtype or o.count != payload.count:
-            raise ValueError(f"out: expected {payload.count} {payload.dtype} elements, got {o.count} {o.dtype}")
+            raise ValueError(
+                f"out: expected {payload.count} {payload.dtype} elements, got {o.count} {o.dtype}"
+            )
         y = _f32_view(o.address, o.count) if o.dtype == "float32" else np.empty(o.count, np.float32)
         self._decode(payload.arrays, y)
         if o.dtype != "float32" and o.count:
@@ -250,8 +271,16 @@ class GradientQuantizer(Compressor):
 
     _kind = _KINDS["quantize"]
 
-    def __init__(self, bits: int = 8, block: int = 256, stochastic: bool = False, error_feedback: bool = True,
-                 *, measure_error: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        bits: int = 8,
+        block: int = 256,
+        stochastic: bool = False,
+        error_feedback: bool = True,
+        *,
+        measure_error: bool = False,
+        seed: int = 0,
+    ):
         if bits not in (1, 4, 8):
             raise ValueError(f"bits must be 8, 4 or 1 (sign), got {bits!r}")
         if not isinstance(block, int) or block <= 0:
@@ -266,8 +295,10 @@ class GradientQuantizer(Compressor):
         self.bits, self.block, self.stochastic = bits, block, bool(stochastic)
 
     def __repr__(self) -> str:
-        return (f"GradientQuantizer(bits={self.bits}, block={self.block}, stochastic={self.stochastic}, "
-                f"error_feedback={self.error_feedback})")
+        return (
+            f"GradientQuantizer(bits={self.bits}, block={self.block}, stochastic={self.stochastic}, "
+            f"error_feedback={self.error_feedback})"
+        )
 
     def _rounding(self) -> str:
         return "stochastic" if self.stochastic else "nearest"
@@ -287,8 +318,14 @@ class GradientQuantizer(Compressor):
         return {"codes": codes, "scales": scales}, f"{bad} block(s) hold NaN or Inf" if bad else ""
 
     def _decode(self, arrays, y):
-        _C.dequantize(arrays["codes"].ctypes.data, arrays["scales"].ctypes.data, y.size, y.ctypes.data,
-                      self.bits, self.block)
+        _C.dequantize(
+            arrays["codes"].ctypes.data,
+            arrays["scales"].ctypes.data,
+            y.size,
+            y.ctypes.data,
+            self.bits,
+            self.block,
+        )
 
 
 class _Sparsifier(Compressor):
@@ -325,8 +362,15 @@ class TopK(_Sparsifier):
 
     _kind = _KINDS["topk"]
 
-    def __init__(self, ratio: float = 0.01, error_feedback: bool = True, exact: bool = False, *,
-                 measure_error: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        error_feedback: bool = True,
+        exact: bool = False,
+        *,
+        measure_error: bool = False,
+        seed: int = 0,
+    ):
         super().__init__(error_feedback=error_feedback, measure_error=measure_error, seed=seed)
         self.ratio, self.exact = self._check_ratio(ratio), bool(exact)
 
@@ -343,7 +387,9 @@ class TopK(_Sparsifier):
         if k:
             method = "exact" if self.exact else "sampled"
             if e is not None:
-                _C.topk_ef(x32.ctypes.data, e.ctypes.data, n, k, idx.ctypes.data, val.ctypes.data, method, seed)
+                _C.topk_ef(
+                    x32.ctypes.data, e.ctypes.data, n, k, idx.ctypes.data, val.ctypes.data, method, seed
+                )
             else:
                 _C.topk(x32.ctypes.data, n, k, idx.ctypes.data, val.ctypes.data, method, seed)
         return idx, val
@@ -355,8 +401,9 @@ class RandomK(_Sparsifier):
 
     _kind = _KINDS["randomk"]
 
-    def __init__(self, ratio: float = 0.01, seed: int = 0, error_feedback: bool = True, *,
-                 measure_error: bool = False):
+    def __init__(
+        self, ratio: float = 0.01, seed: int = 0, error_feedback: bool = True, *, measure_error: bool = False
+    ):
         super().__init__(error_feedback=error_feedback, measure_error=measure_error, seed=seed)
         self.ratio = self._check_ratio(ratio)
 

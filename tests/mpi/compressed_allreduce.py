@@ -10,13 +10,13 @@ Suites:
              different compressors
 An assertion on one rank aborts the job (python -m mpi4py). Rank 0 prints "OK SUITE CHECKS".
 """
+
 import sys
 
 import numpy as np
 import torch
-from mpi4py import MPI
-
 import zcoll
+from mpi4py import MPI
 
 comm = zcoll.Communicator()
 world = MPI.COMM_WORLD
@@ -116,8 +116,10 @@ def check(name, dtype, n, op, seg, in_place, depth=0):
     err = np.abs(as_f64(y) - exact)
     allowed = bound(name, c, xs, exact, op) + np.abs(exact) * U[dtype]
     bad = np.flatnonzero(~(err <= allowed))
-    assert bad.size == 0, (f"{name} {dtype} n={n} {op} seg={seg}: {bad.size} elements outside the bound, "
-                           f"first {bad[0]}: err {err[bad[0]]} > {allowed[bad[0]]}")
+    assert bad.size == 0, (
+        f"{name} {dtype} n={n} {op} seg={seg}: {bad.size} elements outside the bound, "
+        f"first {bad[0]}: err {err[bad[0]]} > {allowed[bad[0]]}"
+    )
     s = c.last_stats
     assert s.nonfinite == 0 and s.count == n and (s.wire_bytes > 0) == (p > 1 and n > 0), s
     return 1
@@ -126,7 +128,9 @@ def check(name, dtype, n, op, seg, in_place, depth=0):
 def suite_identical():
     checks = 0
     for name in COMPRESSORS:
-        dtypes = ["float32", "float16", "bfloat16"] if name in ("int8", "fp16", "bf16", "topk") else ["float32"]
+        dtypes = (
+            ["float32", "float16", "bfloat16"] if name in ("int8", "fp16", "bf16", "topk") else ["float32"]
+        )
         for dtype in dtypes:
             for n in SIZES:
                 for op in ("sum", "avg"):
@@ -146,11 +150,13 @@ def suite_feedback():
     g = (rng.standard_normal(n) * np.repeat(rng.uniform(0.1, 4, n // 100 + 1), 100)[:n]).astype(np.float32)
     total = np.zeros(n)
     world.Allreduce(g.astype(np.float64), total)
-    for make in (lambda ef: zcoll.GradientQuantizer(1, error_feedback=ef, measure_error=True),
-                 lambda ef: zcoll.GradientQuantizer(4, error_feedback=ef),
-                 lambda ef: zcoll.TopK(0.1, error_feedback=ef, measure_error=True),
-                 lambda ef: zcoll.RandomK(0.25, error_feedback=ef),
-                 lambda ef: zcoll.Threshold(2.0, error_feedback=ef)):
+    for make in (
+        lambda ef: zcoll.GradientQuantizer(1, error_feedback=ef, measure_error=True),
+        lambda ef: zcoll.GradientQuantizer(4, error_feedback=ef),
+        lambda ef: zcoll.TopK(0.1, error_feedback=ef, measure_error=True),
+        lambda ef: zcoll.RandomK(0.25, error_feedback=ef),
+        lambda ef: zcoll.Threshold(2.0, error_feedback=ef),
+    ):
         drift = {}
         for ef in (True, False):
             c = make(ef)
@@ -172,7 +178,9 @@ def suite_feedback():
             assert gap <= tol, f"{c}: sum(results) + sum(residuals) differs from sum(inputs) by {gap} > {tol}"
             checks += 1
         # Feedback re-sends what was lost, so the mean result converges; without it, it stays biased.
-        assert drift[True] < 0.5 * drift[False], f"{make(True)}: drift with EF {drift[True]}, without {drift[False]}"
+        assert drift[True] < 0.5 * drift[False], (
+            f"{make(True)}: drift with EF {drift[True]}, without {drift[False]}"
+        )
         checks += 1
     # avg on a 2-byte tensor with a residual: the residual is float32 and the invariant holds / p
     c = zcoll.GradientQuantizer(8)
@@ -185,11 +193,17 @@ def suite_feedback():
 def suite_nonfinite():
     checks = 0
     n = 1000
-    for name, make in [("int8", lambda: zcoll.GradientQuantizer(8)), ("int4", lambda: zcoll.GradientQuantizer(4)),
-                       ("sign", lambda: zcoll.GradientQuantizer(1)), ("fp16", lambda: zcoll.HalfPrecision("fp16")),
-                       ("bf16", lambda: zcoll.HalfPrecision("bf16")), ("topk", lambda: zcoll.TopK(0.01)),
-                       ("randomk", lambda: zcoll.RandomK(1.0)), ("threshold", lambda: zcoll.Threshold(1.0)),
-                       ("topk_dense", lambda: zcoll.TopK(0.6, error_feedback=False))]:
+    for name, make in [
+        ("int8", lambda: zcoll.GradientQuantizer(8)),
+        ("int4", lambda: zcoll.GradientQuantizer(4)),
+        ("sign", lambda: zcoll.GradientQuantizer(1)),
+        ("fp16", lambda: zcoll.HalfPrecision("fp16")),
+        ("bf16", lambda: zcoll.HalfPrecision("bf16")),
+        ("topk", lambda: zcoll.TopK(0.01)),
+        ("randomk", lambda: zcoll.RandomK(1.0)),
+        ("threshold", lambda: zcoll.Threshold(1.0)),
+        ("topk_dense", lambda: zcoll.TopK(0.6, error_feedback=False)),
+    ]:
         for bad_rank, value in ((p - 1, np.nan), (0, np.inf), (0, -np.inf)):
             c = make()
             key = f"layer.{name}"
