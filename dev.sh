@@ -29,7 +29,8 @@ setup() {
   echo "== building zcoll" >&2
   # --no-build-isolation: reuse the venv's build tools and keep build/ for incremental rebuilds.
   exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9  # one build at a time per machine
-  python -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v "^WARNING: Location" >&2 || {
+  # (grep exits 1 when it prints nothing, i.e. on a quiet successful build: only pip's status counts)
+  python -m pip install -q --no-build-isolation --no-deps . 2>&1 | { grep -v "^WARNING: Location" >&2 || true; } || {
     echo "build failed: rerun with 'pip install -v --no-build-isolation .' to see why" >&2; exit 1; }
   exec 9>&-
 }
