@@ -18,7 +18,7 @@ def test_collectives(case, ranks):
     COLLECTIVES[ranks].check(case)
 
 
-@pytest.mark.parametrize("mode,ranks", [("plain", 3), ("helper", 3), ("gloo_local", 2)])
+@pytest.mark.parametrize("mode,ranks", [("plain", 3), ("helper", 3), ("gloo_local", 2), ("gloo_hook", 2)])
 def test_startup_under_mpirun(mode, ranks):
     res = mpirun("startup.py", ranks, mode, timeout=120)
     assert res.stdout.count(f"STARTUP-OK {mode}") == ranks, res.stdout[-5000:]

@@ -3,6 +3,7 @@
   plain        dist.init_process_group("zcoll") under mpirun, no MASTER_ADDR
   helper       zcoll.torch.init_process_group(), then again on an MPI sub-communicator
   gloo_local   gloo under mpirun without MASTER_ADDR: a clear error, not a hang
+  gloo_hook    gloo (MASTER_ADDR from rank 0) + DDP: apply_gradient_compression refuses it
   torchrun     under torchrun with 2 processes: a clear error telling to use mpirun
 
 Prints "STARTUP-OK <mode>" on success.
@@ -56,6 +57,22 @@ elif mode == "helper":
     half.Free()
 elif mode == "gloo_local":
     expect_error(lambda: dist.init_process_group("gloo"), Exception, "MASTER_ADDR")
+elif mode == "gloo_hook":
+    import os
+    import socket
+
+    from mpi4py import MPI
+
+    port = None
+    if MPI.COMM_WORLD.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(MPI.COMM_WORLD.bcast(port)))
+    dist.init_process_group("gloo", rank=MPI.COMM_WORLD.rank, world_size=MPI.COMM_WORLD.size)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    expect_error(lambda: zcoll.torch.apply_gradient_compression(model), ValueError, "zcoll backend", "gloo")
+    dist.destroy_process_group()
 elif mode == "torchrun":
     expect_error(lambda: dist.init_process_group("zcoll"), Exception, "mpirun", "torchrun")
     expect_error(zcoll.torch.init_process_group, RuntimeError, "mpirun", "torchrun")

@@ -7,9 +7,12 @@ process group). Under mpirun no MASTER_ADDR is needed::
     # mpirun -n 4 python -m mpi4py train.py
     import torch, torch.distributed as dist, zcoll, zcoll.torch
     zcoll.torch.init_process_group()              # or dist.init_process_group("zcoll")
-    t = torch.ones(4); dist.all_reduce(t)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    zcoll.torch.apply_gradient_compression(model, zcoll.GradientQuantizer(bits=8))
+    opt = zcoll.torch.optim.Adam(model.parameters(), lr=1e-3, gradient_accumulation_steps=4, model=model)
 
-Modules: ``backend`` (the process group).
+Modules: ``backend`` (the process group), ``hooks`` (DDP communication hooks), ``accumulate`` and
+``optim`` (gradient accumulation).
 """
 
 try:
@@ -17,17 +20,26 @@ try:
 except ImportError as e:  # pragma: no cover - torch is a declared extra
     raise ImportError("zcoll.torch needs PyTorch: pip install 'zcoll[torch]'") from e
 
-from . import _launch, backend
+from . import _launch, backend, hooks, optim
 from ._launch import ProcessLocalStore, init_process_group
 from ._work import ZcollWork
+from .accumulate import GradientAccumulator
 from .backend import ProcessGroupZcoll
+from .hooks import CompressionState, allreduce_hook, apply_gradient_compression, compression_hook
 
 backend.register()
 _launch.install_env_rendezvous()
 
 __all__ = [
+    "CompressionState",
+    "GradientAccumulator",
     "ProcessGroupZcoll",
     "ProcessLocalStore",
     "ZcollWork",
+    "allreduce_hook",
+    "apply_gradient_compression",
+    "compression_hook",
+    "hooks",
     "init_process_group",
+    "optim",
 ]
