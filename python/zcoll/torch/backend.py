@@ -453,6 +453,13 @@ def _parent_comm() -> Any:
 
 def _create(opts: Any, backend_options: Any = None) -> ProcessGroupZcoll:
     """torch's creator (extended API): the default group or a subgroup, see the module docstring."""
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # worker threads call MPI alongside the caller
+        raise RuntimeError(
+            "zcoll: the torch backend needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default); "
+            "it was initialised with a lower level (mpi4py.rc.thread_level?)"
+        )
     ranks = list(opts.global_ranks_in_group)
     name = str(opts.group_id)
     if not ranks:
@@ -462,11 +469,13 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupZcoll:
         comm = world.Dup()
     else:
         parent = _parent_comm()
-        group = parent.Get_group().Incl(ranks)  # group rank i = ranks[i], as torch numbers them
+        everyone = parent.Get_group()
+        group = everyone.Incl(ranks)  # group rank i = ranks[i], as torch numbers them
         try:
             comm = parent.Create_group(group, tag=zlib.crc32(name.encode()) % 32768)
         finally:
             group.Free()
+            everyone.Free()
     return ProcessGroupZcoll(comm, opts.group_rank, opts.group_size, name)
 
 
