@@ -34,113 +34,22 @@ from __future__ import annotations
 import atexit
 import weakref
 import zlib
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..communicator import Communicator
+from . import _checks as chk
 from . import _launch, _p2p
 from ._work import OrderedExecutor, ZcollWork
 
 BACKEND = "zcoll"
 
-_RED = dist.ReduceOp.RedOpType
-_OPS = {_RED.SUM: "sum", _RED.AVG: "avg", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max"}
-_FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_DTYPES = _FLOAT + (torch.int8, torch.uint8, torch.int32, torch.int64)
 _TAG = 0  # tag of zcoll's own all-to-all / gather / scatter messages (on their own communicator)
 
 _live: "weakref.WeakSet[ProcessGroupZcoll]" = weakref.WeakSet()
-
-
-# -- validation ---------------------------------------------------------------------------------
-def _check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"zcoll {call}: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(
-            f"zcoll {call}: {what} is on {t.device}, but the zcoll backend works on CPU tensors only; "
-            "move it with .cpu() (zcoll has no CUDA path yet; use NCCL for GPU tensors)"
-        )
-    if t.dtype not in _DTYPES:
-        raise ValueError(
-            f"zcoll {call}: {what} has dtype {t.dtype}; supported: {', '.join(map(str, _DTYPES))}"
-        )
-    if not t.is_contiguous():
-        raise ValueError(f"zcoll {call}: {what} is not contiguous; call .contiguous() first")
-    return t
-
-
-def _one(call: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    if len(tensors) != 1:
-        raise ValueError(
-            f"zcoll {call}: expected a list of exactly one tensor (one per process), got {len(tensors)}"
-        )
-    return _check(call, tensors[0])
-
-
-def _same(
-    call: str, ref: torch.Tensor, ts: Sequence[torch.Tensor], what: str, numel: Optional[int] = None
-) -> None:
-    for i, t in enumerate(ts):
-        _check(call, t, f"{what}[{i}]")
-        if t.dtype != ref.dtype:
-            raise ValueError(
-                f"zcoll {call}: mixed dtypes in one call: {what}[{i}] is {t.dtype}, input is {ref.dtype}"
-            )
-        if numel is not None and t.numel() != numel:
-            raise ValueError(f"zcoll {call}: {what}[{i}] has {t.numel()} elements, expected {numel}")
-
-
-def _like(call: str, a: torch.Tensor, b: torch.Tensor, a_per_b: float) -> None:
-    """a and b: same dtype, a.numel() == b.numel() * a_per_b."""
-    if a.dtype != b.dtype:
-        raise ValueError(f"zcoll {call}: mixed dtypes in one call: output is {a.dtype}, input is {b.dtype}")
-    if a.numel() != b.numel() * a_per_b:
-        raise ValueError(
-            f"zcoll {call}: output has {a.numel()} elements, input {b.numel()}; "
-            f"expected output = input x {a_per_b:g}"
-        )
-
-
-def _op(call: str, op: Any, t: torch.Tensor) -> str:
-    kind = getattr(op, "op", op)
-    name = _OPS.get(kind)
-    if name is None:
-        raise NotImplementedError(
-            f"zcoll {call}: ReduceOp.{getattr(kind, 'name', kind)} is not supported "
-            f"(supported: SUM, AVG, PRODUCT, MIN, MAX)"
-        )
-    if name == "avg" and t.dtype not in _FLOAT:
-        raise ValueError(
-            f"zcoll {call}: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}; use SUM and divide"
-        )
-    return name
-
-
-def _tiled(ts: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
-    """One flat view when the tensors lie back to back in one storage (e.g. ``out.chunk(n)``)."""
-    t0 = ts[0].detach()
-    n, base = t0.numel(), t0.storage_offset()
-    ptr = t0.untyped_storage().data_ptr()
-    for i, t in enumerate(ts):
-        if t.numel() != n or t.storage_offset() != base + i * n or t.untyped_storage().data_ptr() != ptr:
-            return None
-    return torch.as_strided(t0, (n * len(ts),), (1,), base)
-
-
-def _async(opts: Any) -> bool:
-    return True if opts is None else opts.asyncOp
-
-
-def _unsupported(call: str) -> Callable[..., Any]:
-    def method(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"the zcoll backend does not implement {call}")
-
-    method.__name__ = call
-    return method
 
 
 class ProcessGroupZcoll(dist.ProcessGroup):
@@ -197,48 +106,52 @@ class ProcessGroupZcoll(dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
-        t = _one("all_reduce", tensors)
-        op = _op("all_reduce", opts.reduceOp if opts is not None else _RED.SUM, t)
+        t = chk.one("all_reduce", tensors)
+        op = chk.op_name("all_reduce", opts, t)
         comm = self._comm
-        return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], _async(opts))
+        return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], chk.is_async(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
         ts = list(tensors)
-        _same("all_reduce_coalesced", _check("all_reduce_coalesced", ts[0], "tensors[0]"), ts, "tensors")
-        ops = [_op("all_reduce_coalesced", opts.reduceOp if opts is not None else _RED.SUM, t) for t in ts]
+        if not ts:
+            raise ValueError("zcoll all_reduce_coalesced: got no tensors")
+        chk.same(
+            "all_reduce_coalesced", chk.check("all_reduce_coalesced", ts[0], "tensors[0]"), ts, "tensors"
+        )
+        ops = [chk.op_name("all_reduce_coalesced", opts, t) for t in ts]
         comm = self._comm
 
         def run() -> None:
             for t, op in zip(ts, ops):
                 comm.allreduce(t, op=op, out=t)
 
-        return self._exec.call(run, ts, _async(opts))
+        return self._exec.call(run, ts, chk.is_async(opts))
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
-        t = _one("broadcast", tensors)
+        t = chk.one("broadcast", tensors)
         root = self._root("broadcast", opts)
         comm = self._comm
-        return self._exec.call(lambda: comm.broadcast(t, root=root), [t], _async(opts))
+        return self._exec.call(lambda: comm.broadcast(t, root=root), [t], chk.is_async(opts))
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
-        t = _one("reduce", tensors)
+        t = chk.one("reduce", tensors)
         root = self._root("reduce", opts)
-        op = _op("reduce", opts.reduceOp if opts is not None else _RED.SUM, t)
+        op = chk.op_name("reduce", opts, t)
         comm, out = self._comm, (t if self.rank() == root else None)
-        return self._exec.call(lambda: comm.reduce(t, root=root, op=op, out=out), [t], _async(opts))
+        return self._exec.call(lambda: comm.reduce(t, root=root, op=op, out=out), [t], chk.is_async(opts))
 
     def allgather(
         self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
     ) -> ZcollWork:
-        inp = _one("all_gather", inputs)
+        inp = chk.one("all_gather", inputs)
         if len(output_lists) != 1 or len(output_lists[0]) != self.size():
             raise ValueError(
                 f"zcoll all_gather: expected one list of {self.size()} output tensors, got "
                 f"{[len(o) for o in output_lists]}"
             )
         outs = output_lists[0]
-        _same("all_gather", inp, outs, "tensor_list", inp.numel())
-        comm, flat = self._comm, _tiled(outs)
+        chk.same("all_gather", inp, outs, "tensor_list", inp.numel())
+        comm, flat = self._comm, chk.tiled(outs)
 
         def run() -> None:
             if flat is not None:
@@ -248,14 +161,14 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             for o, g in zip(outs, gathered):
                 o.view(-1).copy_(g.view(-1))
 
-        return self._exec.call(run, output_lists, _async(opts))
+        return self._exec.call(run, output_lists, chk.is_async(opts))
 
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> ZcollWork:
-        _check("all_gather_into_tensor", out, "output")
-        _check("all_gather_into_tensor", inp, "input")
-        _like("all_gather_into_tensor", out, inp, self.size())
+        chk.check("all_gather_into_tensor", out, "output")
+        chk.check("all_gather_into_tensor", inp, "input")
+        chk.like("all_gather_into_tensor", out, inp, self.size())
         comm = self._comm
-        return self._exec.call(lambda: comm.allgather(inp, out=out), [out], _async(opts))
+        return self._exec.call(lambda: comm.allgather(inp, out=out), [out], chk.is_async(opts))
 
     _allgather_base = all_gather_single
 
@@ -263,44 +176,44 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None
     ) -> ZcollWork:
         for o, i in zip(outs, ins):
-            _check("all_gather_into_tensor_coalesced", o, "output")
-            _check("all_gather_into_tensor_coalesced", i, "input")
-            _like("all_gather_into_tensor_coalesced", o, i, self.size())
+            chk.check("all_gather_into_tensor_coalesced", o, "output")
+            chk.check("all_gather_into_tensor_coalesced", i, "input")
+            chk.like("all_gather_into_tensor_coalesced", o, i, self.size())
         comm = self._comm
 
         def run() -> None:
             for o, i in zip(outs, ins):
                 comm.allgather(i, out=o)
 
-        return self._exec.call(run, outs, _async(opts))
+        return self._exec.call(run, outs, chk.is_async(opts))
 
     def reduce_scatter(
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
     ) -> ZcollWork:
-        out = _one("reduce_scatter", outputs)
+        out = chk.one("reduce_scatter", outputs)
         if len(input_lists) != 1 or len(input_lists[0]) != self.size():
             raise ValueError(
                 f"zcoll reduce_scatter: expected one list of {self.size()} input tensors, got "
                 f"{[len(i) for i in input_lists]}"
             )
         ins = input_lists[0]
-        _same("reduce_scatter", out, ins, "input_list", out.numel())
-        op = _op("reduce_scatter", opts.reduceOp if opts is not None else _RED.SUM, out)
-        comm, flat = self._comm, _tiled(ins)
+        chk.same("reduce_scatter", out, ins, "input_list", out.numel())
+        op = chk.op_name("reduce_scatter", opts, out)
+        comm, flat = self._comm, chk.tiled(ins)
 
         def run() -> None:
             src = flat if flat is not None else torch.cat([i.reshape(-1) for i in ins])
             comm.reduce_scatter(src, op=op, out=out)
 
-        return self._exec.call(run, [out], _async(opts))
+        return self._exec.call(run, [out], chk.is_async(opts))
 
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> ZcollWork:
-        _check("reduce_scatter_tensor", out, "output")
-        _check("reduce_scatter_tensor", inp, "input")
-        _like("reduce_scatter_tensor", inp, out, self.size())
-        op = _op("reduce_scatter_tensor", opts.reduceOp if opts is not None else _RED.SUM, inp)
+        chk.check("reduce_scatter_tensor", out, "output")
+        chk.check("reduce_scatter_tensor", inp, "input")
+        chk.like("reduce_scatter_tensor", inp, out, self.size())
+        op = chk.op_name("reduce_scatter_tensor", opts, inp)
         comm = self._comm
-        return self._exec.call(lambda: comm.reduce_scatter(inp, op=op, out=out), [out], _async(opts))
+        return self._exec.call(lambda: comm.reduce_scatter(inp, op=op, out=out), [out], chk.is_async(opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -309,23 +222,21 @@ class ProcessGroupZcoll(dist.ProcessGroup):
     ) -> ZcollWork:
         ops = []
         for o, i in zip(outs, ins):
-            _check("reduce_scatter_tensor_coalesced", o, "output")
-            _check("reduce_scatter_tensor_coalesced", i, "input")
-            _like("reduce_scatter_tensor_coalesced", i, o, self.size())
-            ops.append(
-                _op("reduce_scatter_tensor_coalesced", opts.reduceOp if opts is not None else _RED.SUM, i)
-            )
+            chk.check("reduce_scatter_tensor_coalesced", o, "output")
+            chk.check("reduce_scatter_tensor_coalesced", i, "input")
+            chk.like("reduce_scatter_tensor_coalesced", i, o, self.size())
+            ops.append(chk.op_name("reduce_scatter_tensor_coalesced", opts, i))
         comm = self._comm
 
         def run() -> None:
             for o, i, op in zip(outs, ins, ops):
                 comm.reduce_scatter(i, op=op, out=o)
 
-        return self._exec.call(run, outs, _async(opts))
+        return self._exec.call(run, outs, chk.is_async(opts))
 
     def barrier(self, opts: Any = None) -> ZcollWork:
         comm = self._comm
-        return self._exec.call(comm.barrier, [], _async(opts))
+        return self._exec.call(comm.barrier, [], chk.is_async(opts))
 
     # -- through mpi4py -----------------------------------------------------------------------
     def alltoall_base(
@@ -336,8 +247,8 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         in_splits: List[int],
         opts: Any = None,
     ) -> ZcollWork:
-        _check("all_to_all_single", out, "output")
-        _check("all_to_all_single", inp, "input")
+        chk.check("all_to_all_single", out, "output")
+        chk.check("all_to_all_single", inp, "input")
         if out.dtype != inp.dtype:
             raise ValueError(
                 "zcoll all_to_all_single: mixed dtypes in one call: "
@@ -346,7 +257,7 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         size, mc = self.size(), self._coll_p2p
         outs = _p2p._rows(out, out_splits, size, "output")
         ins = _p2p._rows(inp, in_splits, size, "input")
-        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), [out], _async(opts))
+        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), [out], chk.is_async(opts))
 
     def alltoall(self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None) -> ZcollWork:
         if len(outs) != self.size() or len(ins) != self.size():
@@ -354,57 +265,59 @@ class ProcessGroupZcoll(dist.ProcessGroup):
                 f"zcoll all_to_all: expected {self.size()} input and output tensors, "
                 f"got {len(ins)} and {len(outs)}"
             )
-        _check("all_to_all", ins[0], "input_tensor_list[0]")
-        _same("all_to_all", ins[0], ins, "input_tensor_list")
-        _same("all_to_all", ins[0], outs, "output_tensor_list")
+        chk.check("all_to_all", ins[0], "input_tensor_list[0]")
+        chk.same("all_to_all", ins[0], ins, "input_tensor_list")
+        chk.same("all_to_all", ins[0], outs, "output_tensor_list")
         mc = self._coll_p2p
-        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), outs, _async(opts))
+        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), outs, chk.is_async(opts))
 
     def gather(
         self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
     ) -> ZcollWork:
-        inp = _one("gather", inputs)
+        inp = chk.one("gather", inputs)
         root = self._root("gather", opts)
         outs: List[torch.Tensor] = []
         if self.rank() == root:
             if len(output_lists) != 1 or len(output_lists[0]) != self.size():
                 raise ValueError(f"zcoll gather: the root needs one list of {self.size()} output tensors")
             outs = output_lists[0]
-            _same("gather", inp, outs, "gather_list", inp.numel())
+            chk.same("gather", inp, outs, "gather_list", inp.numel())
         mc = self._coll_p2p
-        return self._exec.call(lambda: _p2p.gather(mc, outs, inp, root, _TAG), output_lists, _async(opts))
+        return self._exec.call(
+            lambda: _p2p.gather(mc, outs, inp, root, _TAG), output_lists, chk.is_async(opts)
+        )
 
     def scatter(
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
     ) -> ZcollWork:
-        out = _one("scatter", outputs)
+        out = chk.one("scatter", outputs)
         root = self._root("scatter", opts)
         ins: List[torch.Tensor] = []
         if self.rank() == root:
             if len(input_lists) != 1 or len(input_lists[0]) != self.size():
                 raise ValueError(f"zcoll scatter: the root needs one list of {self.size()} input tensors")
             ins = input_lists[0]
-            _same("scatter", out, ins, "scatter_list", out.numel())
+            chk.same("scatter", out, ins, "scatter_list", out.numel())
         mc = self._coll_p2p
-        return self._exec.call(lambda: _p2p.scatter(mc, out, ins, root, _TAG), [out], _async(opts))
+        return self._exec.call(lambda: _p2p.scatter(mc, out, ins, root, _TAG), [out], chk.is_async(opts))
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> ZcollWork:
-        t = _one("send", tensors)
+        t = chk.one("send", tensors)
         self._peer("send", dst)
         req = _p2p.isend(self._p2p, t, dst, tag)  # posted now: MPI keeps the issue order
         return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> ZcollWork:
-        t = _one("recv", tensors)
+        t = chk.one("recv", tensors)
         self._peer("recv", src)
         req = _p2p.irecv(self._p2p, t, src, tag)
         return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
 
-    recv_anysource = _unsupported("recv_anysource (recv without src)")
-    monitored_barrier = _unsupported("monitored_barrier (use dist.barrier)")
-    allgather_coalesced = _unsupported("allgather_coalesced (use all_gather_into_tensor)")
-    split_group = _unsupported("split_group (use dist.new_group)")
-    merge_remote_group = _unsupported("merge_remote_group")
+    recv_anysource = chk.unsupported("recv_anysource (recv without src)")
+    monitored_barrier = chk.unsupported("monitored_barrier (use dist.barrier)")
+    allgather_coalesced = chk.unsupported("allgather_coalesced (use all_gather_into_tensor)")
+    split_group = chk.unsupported("split_group (use dist.new_group)")
+    merge_remote_group = chk.unsupported("merge_remote_group")
 
     # -- helpers and lifetime -------------------------------------------------------------------
     def _root(self, call: str, opts: Any) -> int:
