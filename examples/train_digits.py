@@ -165,10 +165,10 @@ def plot(results, path, title):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
-        ax.plot(
-            range(1, len(r["losses"]) + 1), r["losses"], marker=".", label=f"{r['name']} ({r['acc']:.1%})"
-        )
+    for i, r in enumerate(results):  # identical curves overlap: vary the line style
+        style = ("-", "--", ":", "-.")[i % 4]
+        label = f"{r['name']} ({r['acc']:.1%})"
+        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], linestyle=style, marker=".", label=label)
     ax.set(xlabel="epoch", ylabel="training loss (mean over ranks)", yscale="log", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
