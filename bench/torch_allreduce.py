@@ -3,9 +3,10 @@
     mpirun -n 2 python bench/torch_allreduce.py [-b 4K] [-e 64M] [-f 4] [-n 20] [-w 3]
 
 The default group is gloo (MASTER_ADDR/PORT: localhost, a free port chosen by rank 0 and shared
-through mpi4py); zcoll is a second group over the same ranks. For each size, in rounds that
-alternate the backends (the machine is shared and noisy: alternating keeps drift out of the
-ratio):
+through mpi4py); zcoll is a second group over the same ranks. For each size the backends take
+turns in blocks (``--rounds`` blocks each; the machine is shared and noisy, so taking turns keeps
+drift out of the ratio). A block starts with one untimed call: right after a gloo call, gloo's
+threads are still busy for about 0.1 ms and would be charged to the next backend. Per call:
 
 1. Every rank enters an MPI barrier, then times one in-place ``dist.all_reduce`` (SUM) on a
    buffer of zeros (values stay zero, so no inf/denormal slows anything down).
@@ -49,6 +50,7 @@ def options() -> argparse.Namespace:
     p.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)")
     p.add_argument("-n", "--iters", type=int, default=50, help="timed iterations per backend and size")
     p.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations first")
+    p.add_argument("-r", "--rounds", type=int, default=5, help="blocks per backend and size (default 5)")
     p.add_argument(
         "--budget-mb",
         type=float,
@@ -116,7 +118,7 @@ def main() -> None:
     for nbytes in sizes:
         count = nbytes // 4
         buf = torch.zeros(count)
-        iters = max(5, min(args.iters, int(args.budget_mb * 2**20 / nbytes)))
+        iters = max(args.rounds, min(args.iters, int(args.budget_mb * 2**20 / nbytes)))
         if rank == 0:
             print(
                 f"# {human(nbytes)}: {args.warmup} + {iters} iterations per backend ...",
@@ -127,9 +129,11 @@ def main() -> None:
         for name, g in groups.items():
             for _ in range(args.warmup):
                 timed(world, g, buf)
-        for _ in range(iters):
+        for r in range(args.rounds):
             for name, g in groups.items():
-                times[name].append(timed(world, g, buf))
+                timed(world, g, buf)  # untimed: settles after the other backend
+                block = iters // args.rounds + (r < iters % args.rounds)
+                times[name] += [timed(world, g, buf) for _ in range(block)]
         row = f"{human(nbytes):>6} {count:>9} |"
         med = {}
         for name, g in groups.items():
