@@ -1,0 +1,107 @@
+"""Argument checks and small helpers of the zcoll process group.
+
+Every check raises before anything is sent, identically on every rank, so a rejected call
+leaves the group usable: ValueError (or TypeError for a non-tensor) with the reason, and
+NotImplementedError naming what the backend does not do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+RED = dist.ReduceOp.RedOpType
+OPS = {RED.SUM: "sum", RED.AVG: "avg", RED.PRODUCT: "prod", RED.MIN: "min", RED.MAX: "max"}
+FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+DTYPES = FLOAT + (torch.int8, torch.uint8, torch.int32, torch.int64)
+
+
+def check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"zcoll {call}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"zcoll {call}: {what} is on {t.device}, but the zcoll backend works on CPU tensors only; "
+            "move it with .cpu() (zcoll has no CUDA path yet; use NCCL for GPU tensors)"
+        )
+    if t.dtype not in DTYPES:
+        raise ValueError(
+            f"zcoll {call}: {what} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"zcoll {call}: {what} is not contiguous; call .contiguous() first")
+    return t
+
+
+def one(call: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(
+            f"zcoll {call}: expected a list of exactly one tensor (one per process), got {len(tensors)}"
+        )
+    return check(call, tensors[0])
+
+
+def same(
+    call: str, ref: torch.Tensor, ts: Sequence[torch.Tensor], what: str, numel: Optional[int] = None
+) -> None:
+    for i, t in enumerate(ts):
+        check(call, t, f"{what}[{i}]")
+        if t.dtype != ref.dtype:
+            raise ValueError(
+                f"zcoll {call}: mixed dtypes in one call: {what}[{i}] is {t.dtype}, input is {ref.dtype}"
+            )
+        if numel is not None and t.numel() != numel:
+            raise ValueError(f"zcoll {call}: {what}[{i}] has {t.numel()} elements, expected {numel}")
+
+
+def like(call: str, a: torch.Tensor, b: torch.Tensor, a_per_b: float) -> None:
+    """a and b: same dtype, a.numel() == b.numel() * a_per_b."""
+    if a.dtype != b.dtype:
+        raise ValueError(f"zcoll {call}: mixed dtypes in one call: output is {a.dtype}, input is {b.dtype}")
+    if a.numel() != b.numel() * a_per_b:
+        raise ValueError(
+            f"zcoll {call}: output has {a.numel()} elements, input {b.numel()}; "
+            f"expected output = input x {a_per_b:g}"
+        )
+
+
+def op_name(call: str, opts: Any, t: torch.Tensor) -> str:
+    """zcoll's name of ``opts.reduceOp`` (SUM when opts is None), checked against t's dtype."""
+    op = RED.SUM if opts is None else opts.reduceOp
+    kind = getattr(op, "op", op)
+    name = OPS.get(kind)
+    if name is None:
+        raise NotImplementedError(
+            f"zcoll {call}: ReduceOp.{getattr(kind, 'name', kind)} is not supported "
+            f"(supported: SUM, AVG, PRODUCT, MIN, MAX)"
+        )
+    if name == "avg" and t.dtype not in FLOAT:
+        raise ValueError(
+            f"zcoll {call}: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}; use SUM and divide"
+        )
+    return name
+
+
+def tiled(ts: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """One flat view when the tensors lie back to back in one storage (e.g. ``out.chunk(n)``)."""
+    t0 = ts[0].detach()
+    n, base = t0.numel(), t0.storage_offset()
+    ptr = t0.untyped_storage().data_ptr()
+    for i, t in enumerate(ts):
+        if t.numel() != n or t.storage_offset() != base + i * n or t.untyped_storage().data_ptr() != ptr:
+            return None
+    return torch.as_strided(t0, (n * len(ts),), (1,), base)
+
+
+def is_async(opts: Any) -> bool:
+    return True if opts is None else opts.asyncOp
+
+
+def unsupported(call: str) -> Callable[..., Any]:
+    def method(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"the zcoll backend does not implement {call}")
+
+    method.__name__ = call
+    return method

@@ -1,0 +1,165 @@
+"""Work objects and the ordered executor behind the zcoll process group.
+
+Every rank must issue collectives on a communicator in the same order, and a communicator may be
+used by one thread at a time. So each process group owns one :class:`OrderedExecutor`:
+
+1. A synchronous call (``opts.asyncOp`` false: ``dist.all_reduce(t)``) with nothing queued runs
+   inline on the calling thread and returns a completed :class:`ZcollWork` (about 15 us of Python).
+2. Anything else (``async_op=True``, DDP's buckets, hooks, or a synchronous call issued while
+   asynchronous work is still queued) goes to one worker thread that runs operations in issue
+   order. The work's future completes, with the list of output tensors, once the data is ready.
+3. Callbacks attached with ``Future.then`` run on the worker while it holds the issue lock, so a
+   collective issued from a callback is ordered identically on every rank. A callback must not
+   block on another operation of the same process group (it would wait for itself).
+4. ``shutdown()`` finishes the queue and joins the worker (also done at interpreter exit).
+
+Example::
+
+    ex = OrderedExecutor("zcoll-pg0")
+    work = ex.call(lambda: comm.allreduce(t, out=t), [t], async_op=True)
+    work.wait()                       # or work.get_future().then(...)
+    ex.shutdown()
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+Future = torch.futures.Future
+
+
+def _reraise(fut: Future) -> Any:
+    # A Future whose exception was set from Python holds a value C++ cannot use (DDP crashed on
+    # it); re-raising it inside .then() makes the derived future a real failed future.
+    return fut.value()
+
+
+class ZcollWork(dist.Work):
+    """A zcoll operation in flight (or already done): ``wait()``, ``get_future()``,
+    ``is_completed()``, ``result()``. The future's value is the list of output tensors.
+    ``wait()`` raises the operation's own exception (the future, crossing C++, carries it as a
+    RuntimeError quoting it)."""
+
+    def __init__(self, future: Future, error: Optional[list] = None):
+        super().__init__()
+        self._future = future
+        self._error = error  # [exception] once the operation failed on the worker
+
+    def wait(self, timeout: Any = None) -> bool:
+        try:
+            self._future.wait()
+        except Exception:
+            if self._error:
+                raise self._error[0] from None
+            raise
+        return True
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        try:
+            self.wait() if self._future.done() else None
+        except Exception as e:
+            return e
+        return None
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._future.value()
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def completed(value: Any) -> ZcollWork:
+    """A work that is already done, its future holding `value`."""
+    fut = Future()
+    fut.set_result(value)
+    return ZcollWork(fut)
+
+
+class OrderedExecutor:
+    """Runs one communicator's operations in issue order: inline when possible, else on one
+    worker thread (started on first use)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._lock = threading.RLock()  # held while issuing inline and while completing futures
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._pending = 0
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Operations queued or running on the worker."""
+        return self._pending
+
+    def call(self, fn: Callable[[], Any], value: Any, async_op: bool) -> ZcollWork:
+        """Runs fn() in order; the work's future then holds `value` (the output tensors), or what
+        fn() returned when `value` is None."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: the process group has been shut down")
+            on_worker = self._thread is not None and threading.current_thread() is self._thread
+            if on_worker or (not async_op and self._pending == 0):
+                result = fn()
+                return completed(result if value is None else value)
+            raw, error = Future(), []
+            self._pending += 1
+            self._ensure_thread()
+            self._queue.put((fn, raw, value, error))
+        return ZcollWork(raw.then(_reraise), error)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, raw, value, error = item
+            result = None
+            try:
+                result = fn()
+            except BaseException as e:
+                error.append(e)
+            with self._lock:
+                self._pending -= 1
+                if not error:
+                    raw.set_result(result if value is None else value)
+                else:
+                    raw.set_exception(error[0])
+
+    def shutdown(self) -> None:
+        """Runs what is queued, stops and joins the worker. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()

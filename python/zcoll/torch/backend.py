@@ -1,0 +1,398 @@
+"""The "zcoll" torch.distributed backend: a Python ProcessGroup over zcoll's Communicator.
+
+Collectives run zcoll's compiled algorithms on the tensors' own memory (no copies; float16 and
+bfloat16 included), the GIL released. Point-to-point, all-to-all, gather and scatter go through
+mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_work``.
+
+1. ``import zcoll.torch`` registers the backend (CPU) with ``extended_api=True``.
+2. The default group sits on a duplicate of the MPI world communicator (torch rank == MPI rank,
+   checked). ``dist.new_group(ranks)`` builds the matching MPI sub-communicator with
+   ``MPI_Comm_create_group``, collective over the members only, which is exactly the set of
+   ranks torch calls the creator on (non-members return early), so it cannot deadlock.
+3. Each group owns: the zcoll Communicator (collectives), two more duplicates (user send/recv;
+   all-to-all, gather, scatter), one ordered executor for collectives and one for send/recv.
+
+Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
+all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
+all_to_all, gather, scatter, barrier, send, recv, isend/irecv, the *_coalesced variants of
+allreduce / allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them.
+Anything else raises NotImplementedError naming the call. Timeouts are not enforced.
+
+Example::
+
+    # mpirun -n 2 python -m mpi4py example.py
+    import torch, torch.distributed as dist, zcoll.torch
+    dist.init_process_group("zcoll")
+    t = torch.full((4,), float(dist.get_rank()))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)          # inline, about 15 us of Python
+    w = dist.all_reduce(t, async_op=True); w.wait()    # ordered worker thread
+    sub = dist.new_group([0, 1])
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+import zlib
+from typing import Any, Callable, List
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from ..communicator import Communicator
+from . import _checks as chk
+from . import _launch, _p2p
+from ._work import OrderedExecutor, ZcollWork
+
+BACKEND = "zcoll"
+
+_TAG = 0  # tag of zcoll's own all-to-all / gather / scatter messages (on their own communicator)
+
+_live: "weakref.WeakSet[ProcessGroupZcoll]" = weakref.WeakSet()
+
+
+class ProcessGroupZcoll(dist.ProcessGroup):
+    """torch.distributed process group over zcoll; created by torch (see the module docstring)."""
+
+    def __init__(self, comm: Any, rank: int, size: int, name: str = "0"):
+        super().__init__(rank, size)
+        self._base = comm  # owned: a duplicate or a sub-communicator of the world
+        self._comm = Communicator(comm)
+        self._p2p = comm.Dup()  # users' send/recv (their tags)
+        self._coll_p2p = comm.Dup()  # zcoll's all-to-all, gather, scatter
+        self._exec = OrderedExecutor(f"zcoll-pg{name}")
+        self._p2p_exec = OrderedExecutor(f"zcoll-pg{name}-p2p")
+        self._group_name = name
+        self._group_desc = ""
+        _live.add(self)
+
+    # -- identity (torch calls these) ------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def __repr__(self) -> str:
+        return (
+            f"<zcoll.torch.ProcessGroupZcoll rank={self.rank()} size={self.size()} name={self._group_name}>"
+        )
+
+    # -- for hooks and tools ----------------------------------------------------------------
+    @property
+    def communicator(self) -> Communicator:
+        """The zcoll Communicator this group runs on (``.stats()`` counts its bytes)."""
+        return self._comm
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The mpi4py communicator of this group (ranks = group ranks)."""
+        return self._base
+
+    def submit(self, fn: Callable[[], Any], value: Any, async_op: bool = True) -> ZcollWork:
+        """Runs fn() in this group's collective order (see ``_work``); the work's future holds
+        `value`. DDP hooks use it to run a zcoll call on a bucket in order with everything else."""
+        return self._exec.call(fn, value, async_op)
+
+    # -- collectives --------------------------------------------------------------------------
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+        t = chk.one("all_reduce", tensors)
+        op = chk.op_name("all_reduce", opts, t)
+        comm = self._comm
+        return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], chk.is_async(opts))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+        ts = list(tensors)
+        if not ts:
+            raise ValueError("zcoll all_reduce_coalesced: got no tensors")
+        chk.same(
+            "all_reduce_coalesced", chk.check("all_reduce_coalesced", ts[0], "tensors[0]"), ts, "tensors"
+        )
+        ops = [chk.op_name("all_reduce_coalesced", opts, t) for t in ts]
+        comm = self._comm
+
+        def run() -> None:
+            for t, op in zip(ts, ops):
+                comm.allreduce(t, op=op, out=t)
+
+        return self._exec.call(run, ts, chk.is_async(opts))
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+        t = chk.one("broadcast", tensors)
+        root = self._root("broadcast", opts)
+        comm = self._comm
+        return self._exec.call(lambda: comm.broadcast(t, root=root), [t], chk.is_async(opts))
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+        t = chk.one("reduce", tensors)
+        root = self._root("reduce", opts)
+        op = chk.op_name("reduce", opts, t)
+        comm, out = self._comm, (t if self.rank() == root else None)
+        return self._exec.call(lambda: comm.reduce(t, root=root, op=op, out=out), [t], chk.is_async(opts))
+
+    def allgather(
+        self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        inp = chk.one("all_gather", inputs)
+        if len(output_lists) != 1 or len(output_lists[0]) != self.size():
+            raise ValueError(
+                f"zcoll all_gather: expected one list of {self.size()} output tensors, got "
+                f"{[len(o) for o in output_lists]}"
+            )
+        outs = output_lists[0]
+        chk.same("all_gather", inp, outs, "tensor_list", inp.numel())
+        comm, flat = self._comm, chk.tiled(outs)
+
+        def run() -> None:
+            if flat is not None:
+                comm.allgather(inp, out=flat)
+                return
+            gathered = comm.allgather(inp)
+            for o, g in zip(outs, gathered):
+                o.view(-1).copy_(g.view(-1))
+
+        return self._exec.call(run, output_lists, chk.is_async(opts))
+
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> ZcollWork:
+        chk.check("all_gather_into_tensor", out, "output")
+        chk.check("all_gather_into_tensor", inp, "input")
+        chk.like("all_gather_into_tensor", out, inp, self.size())
+        comm = self._comm
+        return self._exec.call(lambda: comm.allgather(inp, out=out), [out], chk.is_async(opts))
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(
+        self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        for o, i in zip(outs, ins):
+            chk.check("all_gather_into_tensor_coalesced", o, "output")
+            chk.check("all_gather_into_tensor_coalesced", i, "input")
+            chk.like("all_gather_into_tensor_coalesced", o, i, self.size())
+        comm = self._comm
+
+        def run() -> None:
+            for o, i in zip(outs, ins):
+                comm.allgather(i, out=o)
+
+        return self._exec.call(run, outs, chk.is_async(opts))
+
+    def reduce_scatter(
+        self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> ZcollWork:
+        out = chk.one("reduce_scatter", outputs)
+        if len(input_lists) != 1 or len(input_lists[0]) != self.size():
+            raise ValueError(
+                f"zcoll reduce_scatter: expected one list of {self.size()} input tensors, got "
+                f"{[len(i) for i in input_lists]}"
+            )
+        ins = input_lists[0]
+        chk.same("reduce_scatter", out, ins, "input_list", out.numel())
+        op = chk.op_name("reduce_scatter", opts, out)
+        comm, flat = self._comm, chk.tiled(ins)
+
+        def run() -> None:
+            src = flat if flat is not None else torch.cat([i.reshape(-1) for i in ins])
+            comm.reduce_scatter(src, op=op, out=out)
+
+        return self._exec.call(run, [out], chk.is_async(opts))
+
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> ZcollWork:
+        chk.check("reduce_scatter_tensor", out, "output")
+        chk.check("reduce_scatter_tensor", inp, "input")
+        chk.like("reduce_scatter_tensor", inp, out, self.size())
+        op = chk.op_name("reduce_scatter_tensor", opts, inp)
+        comm = self._comm
+        return self._exec.call(lambda: comm.reduce_scatter(inp, op=op, out=out), [out], chk.is_async(opts))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(
+        self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        ops = []
+        for o, i in zip(outs, ins):
+            chk.check("reduce_scatter_tensor_coalesced", o, "output")
+            chk.check("reduce_scatter_tensor_coalesced", i, "input")
+            chk.like("reduce_scatter_tensor_coalesced", i, o, self.size())
+            ops.append(chk.op_name("reduce_scatter_tensor_coalesced", opts, i))
+        comm = self._comm
+
+        def run() -> None:
+            for o, i, op in zip(outs, ins, ops):
+                comm.reduce_scatter(i, op=op, out=o)
+
+        return self._exec.call(run, outs, chk.is_async(opts))
+
+    def barrier(self, opts: Any = None) -> ZcollWork:
+        comm = self._comm
+        return self._exec.call(comm.barrier, [], chk.is_async(opts))
+
+    # -- through mpi4py -----------------------------------------------------------------------
+    def alltoall_base(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: List[int],
+        in_splits: List[int],
+        opts: Any = None,
+    ) -> ZcollWork:
+        chk.check("all_to_all_single", out, "output")
+        chk.check("all_to_all_single", inp, "input")
+        if out.dtype != inp.dtype:
+            raise ValueError(
+                "zcoll all_to_all_single: mixed dtypes in one call: "
+                f"output is {out.dtype}, input is {inp.dtype}"
+            )
+        size, mc = self.size(), self._coll_p2p
+        outs = _p2p._rows(out, out_splits, size, "output")
+        ins = _p2p._rows(inp, in_splits, size, "input")
+        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), [out], chk.is_async(opts))
+
+    def alltoall(self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+        if len(outs) != self.size() or len(ins) != self.size():
+            raise ValueError(
+                f"zcoll all_to_all: expected {self.size()} input and output tensors, "
+                f"got {len(ins)} and {len(outs)}"
+            )
+        chk.check("all_to_all", ins[0], "input_tensor_list[0]")
+        chk.same("all_to_all", ins[0], ins, "input_tensor_list")
+        chk.same("all_to_all", ins[0], outs, "output_tensor_list")
+        mc = self._coll_p2p
+        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), outs, chk.is_async(opts))
+
+    def gather(
+        self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        inp = chk.one("gather", inputs)
+        root = self._root("gather", opts)
+        outs: List[torch.Tensor] = []
+        if self.rank() == root:
+            if len(output_lists) != 1 or len(output_lists[0]) != self.size():
+                raise ValueError(f"zcoll gather: the root needs one list of {self.size()} output tensors")
+            outs = output_lists[0]
+            chk.same("gather", inp, outs, "gather_list", inp.numel())
+        mc = self._coll_p2p
+        return self._exec.call(
+            lambda: _p2p.gather(mc, outs, inp, root, _TAG), output_lists, chk.is_async(opts)
+        )
+
+    def scatter(
+        self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> ZcollWork:
+        out = chk.one("scatter", outputs)
+        root = self._root("scatter", opts)
+        ins: List[torch.Tensor] = []
+        if self.rank() == root:
+            if len(input_lists) != 1 or len(input_lists[0]) != self.size():
+                raise ValueError(f"zcoll scatter: the root needs one list of {self.size()} input tensors")
+            ins = input_lists[0]
+            chk.same("scatter", out, ins, "scatter_list", out.numel())
+        mc = self._coll_p2p
+        return self._exec.call(lambda: _p2p.scatter(mc, out, ins, root, _TAG), [out], chk.is_async(opts))
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> ZcollWork:
+        t = chk.one("send", tensors)
+        self._peer("send", dst)
+        req = _p2p.isend(self._p2p, t, dst, tag)  # posted now: MPI keeps the issue order
+        return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> ZcollWork:
+        t = chk.one("recv", tensors)
+        self._peer("recv", src)
+        req = _p2p.irecv(self._p2p, t, src, tag)
+        return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
+
+    recv_anysource = chk.unsupported("recv_anysource (recv without src)")
+    monitored_barrier = chk.unsupported("monitored_barrier (use dist.barrier)")
+    allgather_coalesced = chk.unsupported("allgather_coalesced (use all_gather_into_tensor)")
+    split_group = chk.unsupported("split_group (use dist.new_group)")
+    merge_remote_group = chk.unsupported("merge_remote_group")
+
+    # -- helpers and lifetime -------------------------------------------------------------------
+    def _root(self, call: str, opts: Any) -> int:
+        root = 0 if opts is None else opts.rootRank
+        if not 0 <= root < self.size():
+            raise ValueError(f"zcoll {call}: root {root} out of range for a group of {self.size()}")
+        return root
+
+    def _peer(self, call: str, peer: int) -> None:
+        if not 0 <= peer < self.size():
+            raise ValueError(f"zcoll {call}: peer rank {peer} out of range for a group of {self.size()}")
+
+    def shutdown(self) -> None:
+        """Finishes queued work, joins the worker threads, frees the communicators. Idempotent."""
+        self._exec.shutdown()
+        self._p2p_exec.shutdown()
+        if not self._comm.freed:
+            self._comm.free()
+            from mpi4py import MPI
+
+            if not MPI.Is_finalized():
+                for c in (self._p2p, self._coll_p2p, self._base):
+                    c.Free()
+        _live.discard(self)
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for pg in list(_live):
+        pg.shutdown()
+
+
+def _parent_comm() -> Any:
+    """The communicator torch's global ranks index, for building sub-communicators."""
+    default = c10d._get_default_group()
+    if isinstance(default, ProcessGroupZcoll):
+        return default.mpi_comm
+    world = _launch.world_comm()
+    if default.rank() != world.rank or default.size() != world.size:
+        raise _launch.launch_error(default.rank(), default.size(), world)
+    return world
+
+
+def _create(opts: Any, backend_options: Any = None) -> ProcessGroupZcoll:
+    """torch's creator (extended API): the default group or a subgroup, see the module docstring."""
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # worker threads call MPI alongside the caller
+        raise RuntimeError(
+            "zcoll: the torch backend needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default); "
+            "it was initialised with a lower level (mpi4py.rc.thread_level?)"
+        )
+    ranks = list(opts.global_ranks_in_group)
+    name = str(opts.group_id)
+    if not ranks:
+        world = _launch.world_comm()
+        if world.rank != opts.group_rank or world.size != opts.group_size:
+            raise _launch.launch_error(opts.group_rank, opts.group_size, world)
+        comm = world.Dup()
+    else:
+        parent = _parent_comm()
+        everyone = parent.Get_group()
+        group = everyone.Incl(ranks)  # group rank i = ranks[i], as torch numbers them
+        try:
+            comm = parent.Create_group(group, tag=zlib.crc32(name.encode()) % 32768)
+        finally:
+            group.Free()
+            everyone.Free()
+    return ProcessGroupZcoll(comm, opts.group_rank, opts.group_size, name)
+
+
+def register() -> None:
+    """Registers the backend (done by ``import zcoll.torch``). Idempotent."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

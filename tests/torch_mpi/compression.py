@@ -1,0 +1,136 @@
+"""DDP with compression_hook and each zcoll compressor (needs the compression API:
+``comm.allreduce(x, op="avg", compression=..., key=...)`` and the compressor classes).
+
+Every case trains a small model on the same data with the hook and without it (uncompressed
+zcoll), checks that every rank holds identical parameters after every step, that the compressed
+run stays within the compressor's tolerance of the uncompressed one, and where the compressor
+shrinks the payload that fewer bytes crossed the network.
+Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/compression.py [case ...]
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import zcoll
+import zcoll.torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _cases import run_cases  # noqa: E402
+
+zcoll.torch.init_process_group()
+R, N = dist.get_rank(), dist.get_world_size()
+B, STEPS = 8, 6
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def same_on_every_rank(model):
+    mine = flat(model)
+    allp = torch.empty(N * mine.numel())
+    dist.all_gather_into_tensor(allp, mine)
+    for r in range(N):
+        assert torch.equal(allp[r * mine.numel() : (r + 1) * mine.numel()], mine), f"rank {r} differs"
+
+
+def train(compressor=None, warmup=0, steps=STEPS, hook=True, fixed_batch=False):
+    """Returns (model, hook state, bytes sent, losses); fixed_batch: the same batch every step."""
+    model = DDP(net(), bucket_cap_mb=0.004)
+    state = zcoll.torch.apply_gradient_compression(model, compressor, warmup_steps=warmup) if hook else None
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    comm = model.process_group.communicator
+    comm.reset_stats()
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(0 if fixed_batch else step)
+        x, y = torch.randn(N * B, 16, generator=g), torch.randint(0, 4, (N * B,), generator=g)
+        loss = F.cross_entropy(model(x[R * B : (R + 1) * B]), y[R * B : (R + 1) * B])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        same_on_every_rank(model.module)
+        losses.append(loss.item())
+    return model, state, comm.stats()["bytes_sent"], losses
+
+
+REFERENCE = None
+
+
+def reference():
+    global REFERENCE
+    if REFERENCE is None:
+        REFERENCE = train(None)
+    return REFERENCE
+
+
+def check(compressor, rel_tol, max_byte_ratio=None):
+    model, state, sent, _ = train(compressor)
+    ref_model, _, ref_sent, _ = reference()
+    diff = (flat(model.module) - flat(ref_model.module)).norm() / (
+        flat(ref_model.module) - flat(net())
+    ).norm()
+    assert diff <= rel_tol, f"{compressor!r}: distance to the uncompressed run {diff:.3g} > {rel_tol}"
+    assert state.keys and all(k.startswith("ddp/bucket") for k in state.keys.values()), state.keys
+    if max_byte_ratio is not None:
+        assert sent <= max_byte_ratio * ref_sent, f"{compressor!r}: {sent} bytes vs {ref_sent} uncompressed"
+
+
+def case_int8_quantizer():
+    check(zcoll.GradientQuantizer(bits=8, block=256, error_feedback=True), rel_tol=0.02, max_byte_ratio=0.35)
+
+
+def case_int4_quantizer():
+    check(zcoll.GradientQuantizer(bits=4, block=256, error_feedback=True), rel_tol=0.15, max_byte_ratio=0.25)
+
+
+def case_sign_quantizer():
+    check(zcoll.GradientQuantizer(bits=1, block=256, error_feedback=True), rel_tol=0.8, max_byte_ratio=0.15)
+
+
+def case_int8_stochastic_rounding():
+    check(zcoll.GradientQuantizer(bits=8, stochastic=True, error_feedback=True), rel_tol=0.05)
+
+
+def case_topk():
+    check(zcoll.TopK(ratio=0.1, error_feedback=True), rel_tol=0.8, max_byte_ratio=0.5)
+
+
+def case_randomk():
+    check(zcoll.RandomK(ratio=0.25, seed=1), rel_tol=1.0)
+
+
+def case_threshold():
+    check(zcoll.Threshold(1e-3), rel_tol=0.5)
+
+
+def case_half_precision():
+    for fmt in ("fp16", "bf16"):
+        check(zcoll.HalfPrecision(fmt), rel_tol=0.02, max_byte_ratio=0.6)
+
+
+def case_warmup_is_exactly_uncompressed():
+    warm = 3
+    model, state, _, losses = train(zcoll.TopK(ratio=0.01, error_feedback=True), warmup=warm, steps=warm)
+    ref_model, _, _, ref_losses = train(None, steps=warm)
+    assert torch.equal(flat(model.module), flat(ref_model.module)) and losses == ref_losses
+    assert state.step == warm and state.compressing and not state.keys
+
+
+def case_compressed_training_still_learns():
+    _, _, _, losses = train(zcoll.GradientQuantizer(bits=4, error_feedback=True), steps=20, fixed_batch=True)
+    assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
+if __name__ == "__main__":
+    run_cases(globals())
+    dist.destroy_process_group()
