@@ -71,6 +71,9 @@ void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t co
   ZCOLL_CHECK_LE(std::size_t{16}, layout.block_elems, "shared arena too small (ZCOLL_SHM_BYTES)");
   const auto* src = static_cast<const unsigned char*>(in);
   auto* dst = static_cast<unsigned char*>(out);
+  // Traffic counter: the bytes other ranks read from this rank's region (staged sub-blocks,
+  // then this rank's results), 2(p-1)/p S like a ring; (p-1) S for a one-shot block.
+  std::uint64_t& bytes_sent = comm.stats().bytes_sent;
 
   for (std::size_t begin = 0; begin < count; begin += layout.block_elems) {
     const detail::Range block{begin, std::min(layout.block_elems, count - begin)};
@@ -81,6 +84,7 @@ void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t co
     if (s > 2) arena->wait_all(kReduced, s - 2);
     unsigned char* staging = layout.staging(*arena, me, pair);
     if (block.count * es <= kDirectBytes) {
+      bytes_sent += static_cast<std::uint64_t>(p - 1) * block.count * es;
       std::memcpy(staging, src + block.begin * es, block.count * es);
       arena->publish(me, kStaged, s);
       arena->wait_all(kStaged, s);
@@ -95,6 +99,8 @@ void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t co
       arena->publish(me, kGathered, s);
       continue;
     }
+
+    bytes_sent += 2 * static_cast<std::uint64_t>(p - 1) * block.count * es / p;
 
     // 1. stage (my own sub-block stays in `in`: only I read it)
     for (int r = 0; r < p; ++r) {
