@@ -38,7 +38,7 @@ case "${1:-}" in
   bench)
     shift
     setup
-    exec mpirun -n 2 zcoll_allreduce_perf -b 4K -e 64M -f 2 -n 30 -w 5 -a all "$@"
+    exec mpirun -n 2 zcoll_allreduce_perf -b 4K -e 64M -f 2 -n 50 -w 5 -a all "$@"
     ;;
   test)
     shift

@@ -234,8 +234,9 @@ double median(std::vector<double> v) {
 }
 
 // Times every algorithm of one row. Iterations are interleaved (iteration i of every
-// algorithm, then i+1), so a noisy spell on a shared machine hits all algorithms alike and the
-// ratios stay meaningful. Each sample is the slowest rank's time; rows report medians.
+// algorithm, in rotating order, then i+1), so a noisy spell on a shared machine hits all
+// algorithms alike and the ratios stay meaningful. Each sample is the slowest rank's time;
+// rows report medians.
 // Lossy variants (-z) run on their own input buffer, `lossy_in` (gradient-like values).
 std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, const Args& a,
                              const std::vector<std::string>& algos, Buffers exact_buf, void* lossy_in,
@@ -259,7 +260,10 @@ std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, co
   std::vector<std::vector<double>> times(n_algos);
   const double start = now();
   for (int i = 0; i < a.iters; ++i) {
-    for (std::size_t k = 0; k < n_algos; ++k) {
+    // Rotate the order too: whoever runs right after another algorithm finds the caches in
+    // that algorithm's state, so nobody should always follow the same one.
+    for (std::size_t j = 0; j < n_algos; ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(i)) % n_algos;
       barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
       const double t0 = now();
       run_once(k);

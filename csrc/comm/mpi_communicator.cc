@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 
+#include "comm/backoff.h"
 #include "common/check.h"
 #include "kernels/reduce.h"
 
@@ -216,17 +217,11 @@ Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) 
 void MpiCommunicator::wait(Request& request) {
   if (!request.active) return;
   MPI_Request r = from_handle(request.handle);
-  if (wait_policy_ == WaitPolicy::kSpin) {
-    ZCOLL_MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
-  } else {
-    // Poll a little (the peer may be about to answer), then give the core away between polls.
-    constexpr int kPollsBeforeYield = 64;
-    int done = 0;
-    for (int polls = 0;; ++polls) {
-      ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
-      if (done) break;
-      if (polls >= kPollsBeforeYield) sched_yield();
-    }
+  Backoff backoff(wait_policy_ == WaitPolicy::kYield);
+  for (int done = 0;;) {
+    ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    backoff.pause();
   }
   request.active = false;
 }

@@ -3,9 +3,9 @@
 //
 // Waiting: MPI_Wait in MPICH busy-polls, which is fastest with a core per rank and ruinous when
 // ranks outnumber cores (a spinning rank steals the core its peer needs to make progress). So
-// wait() polls MPI_Test and, after a bounded number of polls, calls sched_yield() between polls.
-// The policy comes from ZCOLL_WAIT=spin|yield|auto (default auto: yield-after-spin when the
-// ranks on this node outnumber its cores, spin otherwise).
+// wait() polls MPI_Test with a Backoff (comm/backoff.h): spin for tens of microseconds, then
+// sched_yield() between polls. ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default
+// auto: after 64 polls when the ranks on this node outnumber its cores, after 4096 otherwise).
 #pragma once
 #include <mpi.h>
 

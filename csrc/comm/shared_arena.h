@@ -2,12 +2,12 @@
 // every region mapped into every rank's address space, plus the flag protocol the algorithms
 // synchronise with. Allocated once per communicator (collectively), reused by every call.
 #pragma once
-#include <sched.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "comm/backoff.h"
 
 namespace zcoll {
 
@@ -37,15 +37,8 @@ struct SharedArena {
   void wait_all(int flag, std::uint64_t value) const {
     for (std::size_t r = 0; r < regions.size(); ++r) {
       std::atomic<std::uint64_t>& f = flags(static_cast<int>(r))[flag].value;
-      for (int polls = 0; f.load(std::memory_order_acquire) < value; ++polls) {
-        if (yield_when_waiting && polls >= 64) {
-          sched_yield();
-        } else {
-#if defined(__x86_64__)
-          __builtin_ia32_pause();
-#endif
-        }
-      }
+      Backoff backoff(yield_when_waiting);
+      while (f.load(std::memory_order_acquire) < value) backoff.pause();
     }
   }
 };
