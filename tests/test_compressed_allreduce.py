@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from compress_util import BIN_DIR, mpirun, mpirun_script
+from mpi_util import BIN_DIR, mpirun, run_script
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 @pytest.mark.parametrize("suite", ["identical", "feedback", "nonfinite"])
 def test_compressed_allreduce(suite, nprocs):
-    out = mpirun_script(nprocs, "compressed_allreduce.py", suite)
+    out = run_script("compressed_allreduce.py", nprocs, suite, timeout=180)
     assert f"[0] OK {suite}" in out, out[-5000:]
 
 
