@@ -12,6 +12,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -234,7 +236,7 @@ double median(std::vector<double> v) {
 }
 
 // Times every algorithm of one row. Iterations are interleaved (iteration i of every
-// algorithm, in rotating order, then i+1), so a noisy spell on a shared machine hits all
+// algorithm, in shuffled order, then i+1), so a noisy spell on a shared machine hits all
 // algorithms alike and the ratios stay meaningful. Each sample is the slowest rank's time;
 // rows report medians.
 // Lossy variants (-z) run on their own input buffer, `lossy_in` (gradient-like values).
@@ -260,10 +262,12 @@ std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, co
   std::vector<std::vector<double>> times(n_algos);
   const double start = now();
   for (int i = 0; i < a.iters; ++i) {
-    // Rotate the order too: whoever runs right after another algorithm finds the caches in
-    // that algorithm's state, so nobody should always follow the same one.
-    for (std::size_t j = 0; j < n_algos; ++j) {
-      const std::size_t k = (j + static_cast<std::size_t>(i)) % n_algos;
+    // Shuffle the order too (the same seed on every rank): whoever runs right after another
+    // algorithm finds the caches in that algorithm's state, so nobody may always follow the same one.
+    std::vector<std::size_t> order(n_algos);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(i)));
+    for (const std::size_t k : order) {
       barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
       const double t0 = now();
       run_once(k);
