@@ -1,29 +1,32 @@
 // Top-k sparse allreduce, pipelined: blockwise top-k whose selection overlaps the exchange.
 //
-// Purpose: send each rank's largest-magnitude elements. Top-k payloads cannot be summed by a
-//          plain allreduce (indices differ per rank), so every rank gets every rank's pairs.
-// Segments: the tensor is cut into S = topk_segments(count, exact) near-equal segments
-//          (compression.h: 8 up to 32 MiB of float32, ~4 MiB each beyond, at least 64 KiB each;
-//          one segment for exact top-k and below 128 KiB). Segment j keeps exactly k_j = sparse_k(len_j,
-//          ratio) pairs, so every message size is known on every rank before anything is
-//          selected: no header exchange, no receive of unknown length.
-//          pairs = [rank 0: [idx k_0][val k_0] [idx k_1][val k_1] ...][rank 1: ...] ..., K = SUM k_j
-// Phases:  0. post the receives of every (segment, peer) block straight into `pairs`.
-//          1. for j = 0 .. S-1: select segment j on float32 (2-byte inputs widened per segment;
-//             error feedback fused: topk_ef, r = g + e, pick, e = r minus what was picked), make
-//             its indices global, send the block to every peer (rank+1, rank+2, ...): segment j
-//             is on the wire while segment j+1 is selected.
-//          2. for j = 0 .. S-1: zero the output segment (its input was consumed in 1, so in == out
-//             is fine), wait for segment j of every rank, scatter-add the blocks in rank order
-//             0..p-1 (the same additions in the same order on every rank: identical bits), count
-//             the non-finite values received (the same count everywhere), avg, cast to 2 bytes.
-//          Dense fallback (rule: p K > count / 2, known before selecting): own pairs scattered
-//          into zeros, an int64 allgather of the non-finite counts, a ring allreduce. Above
-//          count / 2 pairs the ring sends as few bytes and is cheaper to apply than random adds.
-// Cost:    (p-1) S alpha (overlapped) + (p-1) 8K beta per rank (what a ring allgather sends).
-//          Exposed compute: selecting segment 0 and adding the last segment; the remaining
-//          selection (one read of the input) and zeroing hide behind the transfer while the link
-//          is the slower of the two.
+// Purpose:  send each rank's largest-magnitude elements. Top-k payloads cannot be summed by a
+//           plain allreduce (indices differ per rank), so every rank gets every rank's pairs.
+// Segments: S = topk_segments(count, exact) near-equal segments (compression.h: 8 from 512 KiB
+//           to 32 MiB of float32, ~4 MiB each beyond, >= 64 KiB each; one for exact top-k and
+//           below 128 KiB). Segment j keeps exactly k_j = sparse_k(len_j, ratio) pairs, so every
+//           message size is known on every rank in advance: no header round, no receive of
+//           unknown length. pairs = [rank 0: [idx k_0][val k_0] [idx k_1][val k_1] ...][rank 1 ...]
+// Phases:   0. post the receives of every (segment, peer) block straight into `pairs`.
+//           1. for j = 0 .. S-1: select segment j on float32 (2-byte inputs widened per segment;
+//              error feedback fused: topk_ef, r = g + e, pick, e = r minus what was picked), make
+//              its indices global, send the block to every peer (rank+1, rank+2, ...), so it is
+//              on the wire while j+1 is selected; then test the oldest unfinished segment and
+//              finish it (as in 2) if every block of it has arrived. The tests also let MPI,
+//              which has no progress thread over TCP, move the messages in flight.
+//           2. for each unfinished segment: zero its output (its input was consumed in 1, so
+//              in == out is fine) while the data is on its way, wait, scatter-add the blocks in
+//              rank order 0..p-1 (the same additions in the same order on every rank: identical
+//              bits), count the non-finite values received (the same count everywhere), avg,
+//              cast to 2 bytes.
+//           Dense fallback (rule: p K > count / 2, K = SUM k_j, known before selecting): own
+//           pairs scattered into zeros, an int64 allgather of the non-finite counts, a ring
+//           allreduce: above count / 2 pairs it sends as few bytes and is cheaper to apply.
+// Cost:     (p-1) S alpha (overlapped) + (p-1) 8K beta per rank (what a ring allgather sends,
+//           but sent directly: no rank waits for another to forward). Exposed compute: the
+//           selection of segment 0 and the addition of the last; the rest of the selection
+//           (one read of the input) and the zeroing hide behind the transfer while the link
+//           is the slower of the two.
 #include <algorithm>
 #include <cstring>
 #include <vector>
