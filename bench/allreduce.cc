@@ -72,16 +72,20 @@ bench::Accuracy accuracy(const std::string& variant, const void* result, std::si
           m = std::max(m, std::fabs(bench::stored_gradient_value(i, r, dtype)));
         for (std::size_t i = b; i < e; ++i) A[i] += m;
       }
-  } else if (o.kind == Compression::kTopK) {  // sum over ranks of the k-th largest |x|
-    double t = 0;
-    std::vector<double> v(n);
-    const std::size_t k = sparse_k(n, o.ratio);
-    for (int r = 0; r < p; ++r) {
-      for (std::size_t i = 0; i < n; ++i) v[i] = std::fabs(bench::stored_gradient_value(i, r, dtype));
-      std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<double>());
-      t += v[k - 1];
+  } else if (o.kind == Compression::kTopK) {  // per segment: sum over ranks of its k_j-th largest |x|
+    A.assign(n, 0.0);
+    const std::size_t s = topk_segments(n, o.exact_topk);
+    for (std::size_t j = 0; j < s; ++j) {
+      const std::size_t b = n * j / s, e = n * (j + 1) / s, k = sparse_k(e - b, o.ratio);
+      std::vector<double> v(e - b);
+      double t = 0;
+      for (int r = 0; r < p; ++r) {
+        for (std::size_t i = b; i < e; ++i) v[i - b] = std::fabs(bench::stored_gradient_value(i, r, dtype));
+        std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<double>());
+        t += v[k - 1];
+      }
+      std::fill(A.begin() + b, A.begin() + e, t);
     }
-    A.assign(n, t);
   } else if (o.kind == Compression::kThreshold) {
     A.assign(n, p * static_cast<double>(o.threshold));
   } else {  // half precision, random-k: per element

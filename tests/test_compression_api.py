@@ -140,8 +140,11 @@ def single_bound(c, x):
         return absmax * (k + 2.0**-20)
     if isinstance(c, zcoll.HalfPrecision):
         return ax * (2.0**-11 if c.fmt == "fp16" else 2.0**-8) + 2.0**-25
-    if isinstance(c, zcoll.TopK):
-        return np.full(n, np.sort(ax)[::-1][zcoll._C.sparse_k(n, c.ratio) - 1])
+    if isinstance(c, zcoll.TopK):  # per segment: its k_j-th largest |x|
+        bound = np.empty(n)
+        for b, e, k in c.segments(n):
+            bound[b:e] = np.sort(ax[b:e])[::-1][k - 1]
+        return bound
     if isinstance(c, zcoll.Threshold):
         return np.full(n, c.value)
     return ax  # random-k: an element not drawn is lost
@@ -160,8 +163,12 @@ def test_round_trip(make, n):
         code_bytes = {8: n, 4: (n + 1) // 2, 1: (n + 7) // 8}[c.bits]
         assert payload.nbytes == code_bytes + 4 * -(-n // c.block)
     if isinstance(c, (zcoll.TopK, zcoll.RandomK)) and n:
-        assert payload.nbytes == 8 * zcoll._C.sparse_k(n, c.ratio)
-        assert np.count_nonzero(y) <= zcoll._C.sparse_k(n, c.ratio)
+        k = (
+            sum(kj for _, _, kj in c.segments(n))
+            if isinstance(c, zcoll.TopK)
+            else zcoll._C.sparse_k(n, c.ratio)
+        )
+        assert payload.nbytes == 8 * k and np.count_nonzero(y) <= k
     out = np.full(n, 7.0, np.float32)
     assert c.decompress(payload, out=out) is out and same_bits(out, y)
 
@@ -193,6 +200,54 @@ def test_one_rank_allreduce_is_the_codec(comm, make):
         assert same_bits(y, z), f"step {step}"
         assert same_bits(a.residual("k"), b.residual("k"))
         assert a.last_stats.wire_bytes == 0 and a.last_stats.count == 2000 and a.last_stats.nonfinite == 0
+
+
+# -- blockwise top-k ------------------------------------------------------------------------------
+def np_blockwise_topk(x, ratio, exact=False):
+    """numpy reference: per segment, the k_j = round(ratio * len_j) (at least 1) largest |x|, ties
+    to the lower index; global indices in increasing order."""
+    n = x.size
+    s = zcoll._C.topk_segments(n, exact)
+    picked = []
+    for j in range(s):
+        b, e = n * j // s, n * (j + 1) // s
+        k = max(1, min(e - b, int(ratio * (e - b) + 0.5)))
+        picked.append(b + np.sort(np.argsort(-np.abs(x[b:e]), kind="stable")[:k]))
+    return np.concatenate(picked).astype(np.uint32)
+
+
+@pytest.mark.parametrize(
+    "n,want",
+    [(0, 1), (1, 1), (32767, 1), (32768, 2), (65537, 4), (1 << 20, 8), (1 << 23, 8), ((1 << 24) + 9, 16)],
+)
+def test_topk_segment_rule(n, want):
+    assert zcoll._C.topk_segments(n) == want and zcoll._C.topk_segments(n, True) == 1
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("n", [5000, 65537, (1 << 21) + 7])
+def test_topk_is_blockwise(comm, n, exact):
+    """Exactly k_j pairs per segment, equal to numpy's per-segment top-k (exact: the global
+    top-k); the residual keeps exactly what was not sent; the one-rank allreduce is the codec."""
+    x = grad(n, seed=n)
+    c = zcoll.TopK(0.01, exact=exact)
+    payload = c.compress(x, key="w")
+    idx = payload.arrays["indices"]
+    segs = c.segments(n)
+    assert len(segs) == (1 if exact else zcoll._C.topk_segments(n))
+    assert np.array_equal(idx, np_blockwise_topk(x, 0.01, exact))
+    for b, e, k in segs:
+        assert np.count_nonzero((idx >= b) & (idx < e)) == k
+    assert np.array_equal(payload.arrays["values"], x[idx])
+    e = c.residual("w")
+    assert np.array_equal(e[idx], np.zeros(idx.size, np.float32))
+    kept = np.ones(n, bool)
+    kept[idx] = False
+    assert np.array_equal(e[kept], x[kept])
+    a = zcoll.TopK(0.01, exact=exact)
+    y = comm.allreduce(x, compression=a, key="w")
+    assert same_bits(y, c.decompress(payload)) and same_bits(a.residual("w"), e)
+    assert a.last_stats.pairs == idx.size
 
 
 def test_error_feedback_keeps_what_was_lost():

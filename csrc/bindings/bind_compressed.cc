@@ -55,6 +55,7 @@ void bind_compressed(py::module_& m) {
       py::arg("threshold") = 0.0f, py::arg("residual") = 0, py::arg("measure_error") = false,
       py::arg("segment_bytes") = 0, py::arg("depth") = 0, py::arg("check") = false);
   m.def("sparse_k", &sparse_k, py::arg("count"), py::arg("ratio"));
+  m.def("topk_segments", &topk_segments, py::arg("count"), py::arg("exact") = false);
   m.def(
       "compression_error_bound",
       [](const std::string& spec, int p, double A, double M) {

@@ -51,6 +51,12 @@ std::size_t sparse_k(std::size_t count, double ratio) {
   return std::min(count, std::max<std::size_t>(1, k));
 }
 
+std::size_t topk_segments(std::size_t count, bool exact) {
+  if (exact) return 1;
+  const std::size_t most = std::max<std::size_t>(8, count >> 20);  // 8, or segments of ~4 MiB
+  return std::clamp<std::size_t>(count >> 14, 1, most);            // each at least 64 KiB
+}
+
 void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
   ZCOLL_REQUIRE(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16,
                 "compressed allreduce needs float32, float16 or bfloat16 data, not ", dtype_name(dtype));
@@ -108,7 +114,9 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
       e = static_cast<float*>(comm.scratch(count * sizeof(float), 8));
       std::memset(e, 0, count * sizeof(float));
     }
-    if (is_sparse(o.kind)) {
+    if (o.kind == Compression::kTopK) {
+      detail::allreduce_topk(comm, in, out, count, dtype, o, e, stats);
+    } else if (is_sparse(o.kind)) {
       detail::allreduce_sparse(comm, in, out, count, dtype, o, e, stats);
     } else {
       stats.nonfinite = detail::allreduce_compressed_ring(comm, in, out, count, dtype, o, e);

@@ -1,27 +1,29 @@
-// Sparse allreduce: top-k, threshold and random-k.
+// Sparse allreduce: threshold and random-k (top-k: allreduce_topk.cc).
 //
-// Purpose: send only the selected elements. Top-k payloads cannot be summed by a plain
+// Purpose: send only the selected elements. Threshold payloads cannot be summed by a plain
 //          allreduce (indices differ per rank), so they travel by allgather.
 // Phases:  1. select, on float32 (2-byte inputs are widened first), with error feedback:
-//             top-k: topk_ef (r = g + e; pick; e = r minus what was picked); threshold and
-//             random-k: e += g, pick from e, zero e at the picked indices.
+//             e += g, pick from e, zero e at the picked indices.
 //          2. header: allgather of {pairs, non-finite selected values} per rank, so every rank
 //             knows every count (and raises alike on NaN / Inf).
 //          3a. random-k: every rank picked the same indices (same seed), so only the k values
 //             travel: ring allreduce of k floats, then scattered into a zeroed output.
-//          3b. top-k / threshold, sparse: ring allgatherv of every rank's block
+//          3b. threshold, sparse: ring allgatherv of every rank's block
 //             [uint32 index x m][float32 value x m]; the output is zeroed and the blocks are
 //             scatter-added in rank order 0..p-1: the same additions in the same order on
 //             every rank, so bitwise identical results.
-//          3c. top-k / threshold, dense (rule: total pairs T > count / 2): each rank scatters
-//             its pairs into a zeroed float32 vector and a ring allreduce sums those. The
-//             pair exchange would send 8 T (p-1)/p bytes per rank against 8 count (p-1)/p for
-//             the dense ring, and each pair costs a random-access add: above count / 2 pairs
-//             the dense ring is as cheap on the wire and cheaper to apply.
+//          3c. threshold, dense (rule: total pairs T > count / 2): each rank scatters its pairs
+//             into a zeroed float32 vector and a ring allreduce sums those. The pair exchange
+//             would send 8 T (p-1)/p bytes per rank against 8 count (p-1)/p for the dense
+//             ring, and each pair costs a random-access add: above count / 2 pairs the dense
+//             ring is as cheap on the wire and cheaper to apply.
 //          4. avg divides by p; 2-byte outputs are rounded from the float32 result.
+// Why not pipelined like top-k: a threshold's pair counts depend on the data, so a receiver
+//          cannot size a segment's message (nor the dense switch be agreed) before the header
+//          round; its selection is one compaction pass, cheaper than top-k's.
 // Cost:    header (p-1) alpha; sparse: (p-1) alpha + (T - m_{r+1}) 8 beta; random-k:
 //          2(p-1) alpha + 2(p-1)/p 4k beta; dense: the ring's 2(p-1)/p 4 count beta.
-//          Selection: one read of the input (top-k sampled, threshold) or k draws (random-k).
+//          Selection: one read of the input (threshold) or k draws (random-k).
 // Error:   an element differs from the exact sum by what the ranks left unsent (compression.h).
 #include <cstring>
 #include <vector>
@@ -82,15 +84,6 @@ Selection select(Communicator& comm, const float* g, std::size_t n, const Compre
   const std::size_t capacity = thresh ? n / 2 + 1 : sparse_k(n, o.ratio);
   auto* buf = static_cast<unsigned char*>(comm.scratch(capacity * 8, 5));
   Selection s{reinterpret_cast<std::uint32_t*>(buf), reinterpret_cast<float*>(buf + capacity * 4)};
-  if (o.kind == Compression::kTopK) {
-    const auto method = o.exact_topk ? kernels::TopkMethod::kExact : kernels::TopkMethod::kSampled;
-    if (e)
-      kernels::topk_ef(g, e, n, capacity, s.idx, s.val, method, o.seed);
-    else
-      kernels::topk(g, n, capacity, s.idx, s.val, method, o.seed);
-    s.m = capacity;
-    return s;
-  }
   s.src = g;
   if (e) {
     kernels::reduce(e, e, g, n, DType::kFloat32, ReduceOp::kSum);

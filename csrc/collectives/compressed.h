@@ -41,6 +41,11 @@ std::unique_ptr<RingCodec> make_ring_codec(const CompressionOptions& options, DT
 std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* out, std::size_t count,
                                       DType dtype, const CompressionOptions& options, float* residual);
 
+// Pipelined blockwise top-k (allreduce_topk.cc).
+void allreduce_topk(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
+                    const CompressionOptions& options, float* residual, CompressionStats& stats);
+
+// Threshold and random-k (allreduce_sparse.cc).
 void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                       const CompressionOptions& options, float* residual, CompressionStats& stats);
 

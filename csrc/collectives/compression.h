@@ -4,10 +4,17 @@
 //   kNone       the input dtype                               allreduce(), options.algorithm
 //   kFp16/kBf16 2-byte floats, float32 accumulation per hop   compressed ring (allreduce_compressed_ring.cc)
 //   kQuantize   blockwise int8 / int4 / 1-bit sign + scales   compressed ring (allreduce_compressed_ring.cc)
-//   kTopK       (uint32 index, float32 value) pairs           sparse allgather (allreduce_sparse.cc)
+//   kTopK       (uint32 index, float32 value) pairs, a fixed  pipelined pair exchange (allreduce_topk.cc)
+//               count per segment (blockwise top-k)
 //   kThreshold  pairs with |x| > threshold                    sparse allgather (allreduce_sparse.cc)
 //   kRandomK    k values at seed-chosen indices, no indices   dense ring over the k values
 //   (allreduce_sparse.cc)
+//
+// Top-k is blockwise (as in several DGC implementations): the tensor is cut into
+// topk_segments(count, exact_topk) near-equal segments and each keeps its own k_j = sparse_k(len_j,
+// ratio) largest |x|, so a segment can be sent while the next is selected. That is not the
+// global top-k: a segment of large values keeps no more than its k_j. exact_topk keeps the
+// global top-k (one segment; the selection then finishes before anything is sent).
 //
 // Every rank ends with the same bits (the compressed ring decodes the same final payload
 // everywhere; the sparse paths add the gathered pairs in rank order). Accuracy: see the error
@@ -44,9 +51,9 @@ struct CompressionOptions {
   std::size_t block = 256;  // elements per float32 scale
   bool stochastic = false;  // stochastic rounding (8 and 4 bits)
   std::uint64_t seed = 0;   // stochastic rounding, random-k indices, top-k sampling
-  // Sparsifiers (kernels/sparsify.h): k = sparse_k(count, ratio)
+  // Sparsifiers (kernels/sparsify.h): k = sparse_k(count, ratio), per segment for kTopK
   double ratio = 0.01;      // kTopK, kRandomK: in (0, 1]
-  bool exact_topk = false;  // kTopK: nth_element over all elements instead of the sampled pre-filter
+  bool exact_topk = false;  // kTopK: the global top-k (one segment) instead of blockwise
   float threshold = 0.0f;   // kThreshold: keep |x| > threshold (>= 0)
   // Error feedback residual (float32, `count` elements, in/out), or nullptr for none.
   float* residual = nullptr;
@@ -88,6 +95,14 @@ void validate(const CompressionOptions& options, DType dtype, std::size_t count)
 // k of top-k / random-k: round(ratio * count), at least 1, at most count.
 std::size_t sparse_k(std::size_t count, double ratio);
 
+// Segments of the blockwise top-k: S = clamp(floor(count / 2^14), 1, max(8, floor(count / 2^20))),
+// 1 when exact: segments of at least 2^14 elements (64 KiB of float32), 8 of them from 128K to 8M
+// elements (512 KiB to 32 MiB), about 2^20 elements (4 MiB) each beyond; one below 2^15 elements.
+// Segment j = [count j / S, count (j+1) / S) keeps k_j = sparse_k(len_j, ratio) pairs. A function
+// of count alone (not of the pipeline's max_segment_bytes), so Python's compress(), every rank
+// and every transport setting select the same pairs.
+std::size_t topk_segments(std::size_t count, bool exact);
+
 // The documented bound on |result[i] - exact[i]| for op sum over p ranks (divide by p for avg),
 // where, under error feedback, "input" means input + residual:
 //   kQuantize   p A c + p M 2^-20, A = M = SUM over ranks of max |input| over the block of i,
@@ -95,8 +110,8 @@ std::size_t sparse_k(std::size_t count, double ratio);
 //   kFp16/kBf16 A ((1 + u)^p - 1) + p M 2^-20 (+ p 2^-25 for fp16 subnormals), A = M =
 //               SUM over ranks of |input[i]|, u = 2^-11 (fp16) or 2^-8 (bf16)
 //   sparsifiers A + p M 2^-23, A = SUM over ranks of the largest |input| a rank may leave
-//               unsent (top-k: its k-th largest |input|; threshold: the threshold; random-k:
-//               |input[i]|), M = SUM over ranks of |input[i]|
+//               unsent (top-k: its k_j-th largest |input| in the segment j of i; threshold:
+//               the threshold; random-k: |input[i]|), M = SUM over ranks of |input[i]|
 //   kNone       0 (exact up to the float rounding of the uncompressed algorithm)
 // Derivation (docs/algorithms.md): the ring quantizes p times along a chunk's path; each
 // quantization of a partial sum v errs by at most c max|v| over the block, and since

@@ -122,6 +122,7 @@ enum Tag : int {
   kTagTreeBroadcast,
   kTagBarrier,
   kTagCheck,
+  kTagSparsePairs,
 };
 
 }  // namespace zcoll::detail

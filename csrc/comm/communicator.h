@@ -36,6 +36,10 @@ class Communicator {
   virtual Request isend(const void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual Request irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual void wait(Request& request) = 0;
+  // True when the request has completed (it is then inactive, as after wait); false while it is
+  // in flight. Also lets a transport without its own progress thread move messages along, so an
+  // algorithm that computes between messages calls it now and then.
+  virtual bool test(Request& request) = 0;
   void wait_all(std::vector<Request>& requests) {
     for (auto& r : requests) wait(r);
     requests.clear();

@@ -226,6 +226,15 @@ void MpiCommunicator::wait(Request& request) {
   request.active = false;
 }
 
+bool MpiCommunicator::test(Request& request) {
+  if (!request.active) return true;
+  MPI_Request r = from_handle(request.handle);
+  int done = 0;
+  ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+  if (done) request.active = false;
+  return done != 0;
+}
+
 void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                                        ReduceOp op) {
   const void* send = in == out ? MPI_IN_PLACE : in;

@@ -30,6 +30,7 @@ class MpiCommunicator final : public Communicator {
   Request isend(const void* buf, std::size_t bytes, int peer, int tag) override;
   Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
   void wait(Request& request) override;
+  bool test(Request& request) override;
   void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }

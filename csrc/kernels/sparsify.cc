@@ -73,15 +73,25 @@ std::size_t sample_rank(std::size_t n, std::size_t k, std::size_t s) {
   return static_cast<std::size_t>(std::ceil(mu + 4.0 * std::sqrt(mu) + 4.0));
 }
 
+// |x| bits at s seeded random positions: uniform over [0, n) (stratified = false), or one uniform
+// position in each of s equal strata, in increasing order (stratified = true: no more spread than
+// independent draws, and the forward walk lets the hardware prefetch).
 template <typename ValueAt>
-std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64_t seed, ValueAt value_at) {
+std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64_t seed, ValueAt value_at,
+                                       bool stratified = false) {
   const RngKey key = rng_key(seed);
   std::vector<std::uint32_t> keys(s);
   for (std::size_t j = 0; j < s; ++j) {
-    const std::size_t pos = static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * n) >> 32);
+    const std::size_t b = stratified ? n * j / s : 0, e = stratified ? n * (j + 1) / s : n;
+    const std::size_t pos = b + static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * (e - b)) >> 32);
     keys[j] = qmath::abs_bits(value_at(pos));
   }
   return keys;
+}
+
+// Top-k's sample: n / 64 positions (one in four cache lines at most), 1024 to 65536.
+std::size_t topk_sample_size(std::size_t n) {
+  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 64));
 }
 
 bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
@@ -95,9 +105,9 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
 template <typename ValueAt, typename Gather>
 bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
                   std::uint32_t* idx, float* val) {
-  const std::size_t s = sample_size(n);
+  const std::size_t s = topk_sample_size(n);
   const std::size_t r = sample_rank(n, k, s);
-  std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at);
+  std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at, /*stratified=*/true);
   const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
   const std::size_t expect = static_cast<std::size_t>(double(n) * double(r) / double(s));
   const std::size_t cap = std::min(n, 2 * expect + k + 4096);

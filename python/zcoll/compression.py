@@ -14,8 +14,10 @@ Compressors (C++: csrc/collectives/compression.h; error bounds in docs/algorithm
 
 * ``GradientQuantizer(bits=8|4|1, block=256, stochastic=False, error_feedback=True)``:
   compressed ring; every hop dequantizes, adds its input and requantizes.
-* ``TopK(ratio=0.01, error_feedback=True, exact=False)``, ``Threshold(value)``: (index, value)
-  pairs, gathered by every rank and added in rank order (dense ring above count/2 pairs).
+* ``TopK(ratio=0.01, error_feedback=True, exact=False)``: blockwise top-k, (index, value) pairs
+  per segment, sent while the next segment is selected, added in rank order by every rank
+  (dense ring above count/2 pairs); exact=True: the global top-k.
+* ``Threshold(value)``: (index, value) pairs, gathered by every rank and added in rank order.
 * ``RandomK(ratio, seed=0)``: the same seed-chosen indices on every rank; only values travel.
 * ``HalfPrecision("fp16"|"bf16")``: 2-byte floats on the wire, float32 accumulation.
 
@@ -357,8 +359,20 @@ class _Sparsifier(Compressor):
 
 
 class TopK(_Sparsifier):
-    """The k = round(ratio * n) elements of largest magnitude (at least 1). exact=True: select by
-    nth_element over all elements; otherwise a sampled pre-filter (the same selection, faster)."""
+    """Blockwise top-k: the tensor is cut into ``_C.topk_segments(n)`` near-equal segments (8 up
+    to 32 MiB of float32, about 4 MiB each beyond, at least 64 KiB each; one below 128 KiB) and
+    each keeps its k_j = round(ratio * len_j) (at least 1) elements of largest magnitude, as in
+    several DGC implementations. Fixed per-segment counts let the allreduce send a segment while
+    it selects the next, so the selection hides behind the transfer. This is not the global
+    top-k: a segment full of large values keeps only its k_j of them (error feedback sends the
+    rest later).
+
+    exact=True: the global top-k, k = round(ratio * n) over the whole tensor (one segment); the
+    allreduce then selects everything before it sends (slower on a slow link).
+
+    Steps of one allreduce: 1. select segment j (error feedback fused: r = x + e, pick, e = r
+    minus what was picked); 2. send its (index, value) pairs to every rank while selecting j+1;
+    3. add every rank's pairs of segment j in rank order (identical bits on every rank)."""
 
     _kind = _KINDS["topk"]
 
@@ -380,18 +394,27 @@ class TopK(_Sparsifier):
     def _c_kwargs(self, seed: int) -> dict:
         return {"ratio": self.ratio, "exact_topk": self.exact, "seed": seed}
 
+    def segments(self, n: int) -> list:
+        """[(begin, end, k_j)] of the segments a tensor of n elements is selected in."""
+        if n == 0:
+            return []
+        s = _C.topk_segments(n, self.exact)
+        bounds = [n * j // s for j in range(s + 1)]
+        return [(b, e, _C.sparse_k(e - b, self.ratio)) for b, e in zip(bounds, bounds[1:])]
+
     def _select(self, x32, e, seed):
-        n = x32.size
-        k = _C.sparse_k(n, self.ratio) if n else 0
+        segs = self.segments(x32.size)
+        k = sum(kj for _, _, kj in segs)
         idx, val = np.empty(k, np.uint32), np.empty(k, np.float32)
-        if k:
-            method = "exact" if self.exact else "sampled"
+        at = 0
+        for b, end, kj in segs:
+            out = (idx[at:].ctypes.data, val[at:].ctypes.data, "sampled", seed)
             if e is not None:
-                _C.topk_ef(
-                    x32.ctypes.data, e.ctypes.data, n, k, idx.ctypes.data, val.ctypes.data, method, seed
-                )
+                _C.topk_ef(x32[b:].ctypes.data, e[b:].ctypes.data, end - b, kj, *out)
             else:
-                _C.topk(x32.ctypes.data, n, k, idx.ctypes.data, val.ctypes.data, method, seed)
+                _C.topk(x32[b:].ctypes.data, end - b, kj, *out)
+            idx[at : at + kj] += b
+            at += kj
         return idx, val
 
 

@@ -2,7 +2,8 @@
 
 Suites:
   identical  every compressor x dtype x size x op x segment size: results bitwise identical on
-             every rank and within the documented error bound of the exact sum
+             every rank and within the documented error bound of the exact sum; top-k equals a
+             numpy reference (per-segment top-k of every rank, added in rank order) bit for bit
   feedback   error feedback over steps: sum of results + sum of residuals == sum of inputs; the
              mean result converges where compression without feedback stays biased
   nonfinite  NaN / Inf on one rank: FloatingPointError naming the key on every rank, and the
@@ -91,9 +92,10 @@ def bound(name, c, xs, exact, op):
         u = 2.0**-11 if c.fmt == "fp16" else 2.0**-8
         b = M * ((1 + u) ** p - 1) + p * M * 2.0**-20 + (p * 2.0**-25 if c.fmt == "fp16" else 0)
     else:
-        if isinstance(c, zcoll.TopK):
-            k = zcoll._C.sparse_k(n, c.ratio)
-            A = sum(np.sort(np.abs(x))[::-1][k - 1] for x in xs)
+        if isinstance(c, zcoll.TopK):  # per segment: sum over ranks of its k_j-th largest |x|
+            A = np.zeros(n)
+            for lo, hi, k in c.segments(n):
+                A[lo:hi] = sum(np.sort(np.abs(x[lo:hi]))[::-1][k - 1] for x in xs)
         elif isinstance(c, zcoll.Threshold):
             A = p * c.value
         else:
@@ -125,8 +127,44 @@ def check(name, dtype, n, op, seg, in_place, depth=0):
     return 1
 
 
+def blockwise_topk_sum(c, xs):
+    """numpy reference of a top-k allreduce without error feedback (op sum, float32): every
+    rank's per-segment top-k (ties to the lower index), added in rank order in float32."""
+    n = xs[0].size
+    y = np.zeros(n, np.float32)
+    for x in xs:
+        x32 = x.astype(np.float32)
+        for lo, hi, k in c.segments(n):
+            assert k == max(1, min(hi - lo, int(c.ratio * (hi - lo) + 0.5)))
+            i = lo + np.argsort(-np.abs(x32[lo:hi]), kind="stable")[:k]
+            y[i] += x32[i]
+    return y
+
+
+def check_topk_reference(n, ratio, seg):
+    """The result equals the numpy reference bit for bit, whatever the pipeline segment size."""
+    c = zcoll.TopK(ratio, error_feedback=False)
+    xs = inputs(n, "float32", salt=1)
+    comm.segment_bytes = seg
+    y = comm.allreduce(xs[rank].astype(np.float32), compression=c)
+    comm.segment_bytes = 0
+    want = blockwise_topk_sum(c, xs)
+    assert c.last_stats.pairs == p * sum(k for _, _, k in c.segments(n))
+    if c.last_stats.dense_fallback:  # a ring adds in another order: float rounding only
+        assert 2 * c.last_stats.pairs > n
+        slack = p * 2.0**-23 * np.sum([np.abs(x) for x in xs], axis=0)
+        assert np.all(np.abs(y.astype(np.float64) - want) <= slack), f"top-k n={n} ratio={ratio} (dense)"
+    else:
+        assert 2 * c.last_stats.pairs <= n
+        assert y.tobytes() == want.tobytes(), f"top-k n={n} ratio={ratio}: not the reference"
+    return 1
+
+
 def suite_identical():
     checks = 0
+    for n, ratio in ((1000, 0.01), (65537, 0.01), ((1 << 18) + 3, 0.001), (40000, 0.2)):
+        for seg in (0, 4096):
+            checks += check_topk_reference(n, ratio, seg)
     for name in COMPRESSORS:
         dtypes = (
             ["float32", "float16", "bfloat16"] if name in ("int8", "fp16", "bf16", "topk") else ["float32"]
@@ -145,18 +183,21 @@ def suite_identical():
 
 def suite_feedback():
     checks = 0
-    n, steps = 3000, 12
-    rng = np.random.default_rng([rank, 99])
-    g = (rng.standard_normal(n) * np.repeat(rng.uniform(0.1, 4, n // 100 + 1), 100)[:n]).astype(np.float32)
-    total = np.zeros(n)
-    world.Allreduce(g.astype(np.float64), total)
-    for make in (
-        lambda ef: zcoll.GradientQuantizer(1, error_feedback=ef, measure_error=True),
-        lambda ef: zcoll.GradientQuantizer(4, error_feedback=ef),
-        lambda ef: zcoll.TopK(0.1, error_feedback=ef, measure_error=True),
-        lambda ef: zcoll.RandomK(0.25, error_feedback=ef),
-        lambda ef: zcoll.Threshold(2.0, error_feedback=ef),
+    steps = 12
+    for n, make in (
+        (3000, lambda ef: zcoll.GradientQuantizer(1, error_feedback=ef, measure_error=True)),
+        (3000, lambda ef: zcoll.GradientQuantizer(4, error_feedback=ef)),
+        (3000, lambda ef: zcoll.TopK(0.1, error_feedback=ef, measure_error=True)),
+        (70000, lambda ef: zcoll.TopK(0.1, error_feedback=ef, measure_error=True)),  # 4 segments
+        (3000, lambda ef: zcoll.RandomK(0.25, error_feedback=ef)),
+        (3000, lambda ef: zcoll.Threshold(2.0, error_feedback=ef)),
     ):
+        rng = np.random.default_rng([rank, 99])
+        g = (rng.standard_normal(n) * np.repeat(rng.uniform(0.1, 4, n // 100 + 1), 100)[:n]).astype(
+            np.float32
+        )
+        total = np.zeros(n)
+        world.Allreduce(g.astype(np.float64), total)
         drift = {}
         for ef in (True, False):
             c = make(ef)
@@ -192,7 +233,7 @@ def suite_feedback():
 
 def suite_nonfinite():
     checks = 0
-    n = 1000
+    n = 40000  # two top-k segments; the bad value sits in the first
     for name, make in [
         ("int8", lambda: zcoll.GradientQuantizer(8)),
         ("int4", lambda: zcoll.GradientQuantizer(4)),
