@@ -24,7 +24,8 @@ setup() {
     echo "== installing build and test requirements into $VENV" >&2
     python -m pip install -q --upgrade pip
     python -m pip install -q "mpich" "mpi4py>=4.0" "numpy>=1.24" "pytest>=8" pytest-timeout \
-      "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake "torch==2.13.0" scikit-learn matplotlib
+      "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake "torch==2.13.0" scikit-learn matplotlib \
+      2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
   echo "== building zcoll" >&2
   # --no-build-isolation: reuse the venv's build tools and keep build/ for incremental rebuilds.
