@@ -4,61 +4,59 @@
 
 namespace zcoll::detail {
 
-RingReduceScatterSteps::RingReduceScatterSteps(Communicator& comm, const void* in, void* partial,
-                                               void* final_chunk, std::size_t count, DType dtype,
-                                               ReduceOp op, int shift, const PipelineOptions& o)
-    : in_(static_cast<const unsigned char*>(in)),
-      partial_(static_cast<unsigned char*>(partial)),
-      final_(static_cast<unsigned char*>(final_chunk)),
-      count_(count), dtype_(dtype), op_(op), es_(dtype_size(dtype)),
-      rank_(comm.rank()), p_(comm.size()), shift_(shift),
+RingLayout::RingLayout(Communicator& comm, std::size_t count, std::size_t elem_size, int shift,
+                       const PipelineOptions& o)
+    : count_(count), es_(elem_size), rank_(comm.rank()), p_(comm.size()), shift_(shift),
       nseg_(detail::num_segments(block_count(count, p_, 0), es_, o)) {}
 
-std::size_t RingReduceScatterSteps::max_segment_bytes() const {
+std::size_t RingLayout::max_segment_bytes() const {
   return ((block_count(count_, p_, 0) + nseg_ - 1) / nseg_) * es_;
 }
 
-Range RingReduceScatterSteps::segment(int chunk, std::size_t j) const {
+Range RingLayout::segment(int chunk, std::size_t j) const {
   return split(Range{block_begin(count_, p_, chunk), block_count(count_, p_, chunk)}, nseg_, j);
 }
 
+RingReduceScatterSteps::RingReduceScatterSteps(Communicator& comm, const void* in, void* partial,
+                                               void* final_chunk, std::size_t count, DType dtype,
+                                               ReduceOp op, int shift, const PipelineOptions& o)
+    : layout_(comm, count, dtype_size(dtype), shift, o),
+      in_(static_cast<const unsigned char*>(in)),
+      partial_(static_cast<unsigned char*>(partial)),
+      final_(static_cast<unsigned char*>(final_chunk)),
+      count_(count), dtype_(dtype), op_(op) {}
+
 Unit RingReduceScatterSteps::unit(int step, std::size_t seg) const {
-  const Range send = segment(mod(rank_ - step + shift_, p_), seg);
-  const Range recv = segment(mod(rank_ - step - 1 + shift_, p_), seg);
+  const std::size_t es = layout_.elem_size();
+  const Range send = layout_.segment(layout_.send_chunk(step), seg);
+  const Range recv = layout_.segment(layout_.recv_chunk(step), seg);
   const unsigned char* send_base = step == 0 ? in_ : partial_;
-  return Unit{send_base + send.begin * es_, send.count * es_, mod(rank_ + 1, p_),
-              nullptr,                      recv.count * es_, mod(rank_ - 1, p_)};
+  return Unit{send_base + send.begin * es, send.count * es, layout_.next(),
+              nullptr,                     recv.count * es, layout_.prev()};
 }
 
 void RingReduceScatterSteps::on_received(int step, std::size_t seg_index, const void* data) {
-  const int chunk = mod(rank_ - step - 1 + shift_, p_);
-  const Range seg = segment(chunk, seg_index);
-  const bool last = step == p_ - 2;
-  unsigned char* dst = last ? final_ + (seg.begin - block_begin(count_, p_, chunk)) * es_
-                            : partial_ + seg.begin * es_;
-  kernels::reduce(dst, data, in_ + seg.begin * es_, seg.count, dtype_, op_);
-  if (last && op_ == ReduceOp::kAvg) kernels::divide(dst, seg.count, dtype_, p_);
+  const std::size_t es = layout_.elem_size();
+  const int p = layout_.size();
+  const int chunk = layout_.recv_chunk(step);
+  const Range seg = layout_.segment(chunk, seg_index);
+  const bool last = step == p - 2;
+  unsigned char* dst = last ? final_ + (seg.begin - block_begin(count_, p, chunk)) * es
+                            : partial_ + seg.begin * es;
+  kernels::reduce(dst, data, in_ + seg.begin * es, seg.count, dtype_, op_);
+  if (last && op_ == ReduceOp::kAvg) kernels::divide(dst, seg.count, dtype_, p);
 }
 
 RingAllgatherSteps::RingAllgatherSteps(Communicator& comm, void* buf, std::size_t count, DType dtype,
                                        int shift, const PipelineOptions& o)
-    : buf_(static_cast<unsigned char*>(buf)), count_(count), es_(dtype_size(dtype)),
-      rank_(comm.rank()), p_(comm.size()), shift_(shift),
-      nseg_(detail::num_segments(block_count(count, p_, 0), es_, o)) {}
-
-std::size_t RingAllgatherSteps::max_segment_bytes() const {
-  return ((block_count(count_, p_, 0) + nseg_ - 1) / nseg_) * es_;
-}
-
-Range RingAllgatherSteps::segment(int chunk, std::size_t j) const {
-  return split(Range{block_begin(count_, p_, chunk), block_count(count_, p_, chunk)}, nseg_, j);
-}
+    : layout_(comm, count, dtype_size(dtype), shift, o), buf_(static_cast<unsigned char*>(buf)) {}
 
 Unit RingAllgatherSteps::unit(int step, std::size_t seg) const {
-  const Range send = segment(mod(rank_ - step + shift_, p_), seg);
-  const Range recv = segment(mod(rank_ - step - 1 + shift_, p_), seg);
-  return Unit{buf_ + send.begin * es_, send.count * es_, mod(rank_ + 1, p_),
-              buf_ + recv.begin * es_, recv.count * es_, mod(rank_ - 1, p_)};
+  const std::size_t es = layout_.elem_size();
+  const Range send = layout_.segment(layout_.send_chunk(step), seg);
+  const Range recv = layout_.segment(layout_.recv_chunk(step), seg);
+  return Unit{buf_ + send.begin * es, send.count * es, layout_.next(),
+              buf_ + recv.begin * es, recv.count * es, layout_.prev()};
 }
 
 namespace {

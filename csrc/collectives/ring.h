@@ -12,6 +12,27 @@
 
 namespace zcoll::detail {
 
+// Where chunks and segments lie, and which chunk moves at which step; both phases share it.
+class RingLayout {
+ public:
+  RingLayout(Communicator& comm, std::size_t count, std::size_t elem_size, int shift,
+             const PipelineOptions& o);
+  std::size_t num_segments() const { return nseg_; }
+  std::size_t max_segment_bytes() const;
+  Range segment(int chunk, std::size_t j) const;  // in elements of the whole buffer
+  int send_chunk(int step) const { return mod(rank_ - step + shift_, p_); }
+  int recv_chunk(int step) const { return mod(rank_ - step - 1 + shift_, p_); }
+  int next() const { return mod(rank_ + 1, p_); }
+  int prev() const { return mod(rank_ - 1, p_); }
+  std::size_t elem_size() const { return es_; }
+  int size() const { return p_; }
+
+ private:
+  std::size_t count_, es_;
+  int rank_, p_, shift_;
+  std::size_t nseg_;
+};
+
 // Reduce-scatter steps: at step s rank r sends chunk (r - s + shift) and reduces the incoming
 // chunk (r - s - 1 + shift) into it as OP(incoming, in). Partial results go to `partial` (a
 // count-element buffer indexed like `in`; may be `out` itself), the chunk finished at the last
@@ -21,23 +42,19 @@ class RingReduceScatterSteps {
  public:
   RingReduceScatterSteps(Communicator& comm, const void* in, void* partial, void* final_chunk,
                          std::size_t count, DType dtype, ReduceOp op, int shift, const PipelineOptions& o);
-  std::size_t num_segments() const { return nseg_; }
-  std::size_t max_segment_bytes() const;
+  std::size_t num_segments() const { return layout_.num_segments(); }
+  std::size_t max_segment_bytes() const { return layout_.max_segment_bytes(); }
   Unit unit(int step, std::size_t seg) const;
   void on_received(int step, std::size_t seg, const void* data);
 
  private:
-  Range segment(int chunk, std::size_t j) const;
-
+  RingLayout layout_;
   const unsigned char* in_;
   unsigned char* partial_;
   unsigned char* final_;
   std::size_t count_;
   DType dtype_;
   ReduceOp op_;
-  std::size_t es_;
-  int rank_, p_, shift_;
-  std::size_t nseg_;
 };
 
 // Allgather steps: rank r starts with chunk (r + shift) of `buf`; at step s it sends chunk
@@ -47,18 +64,13 @@ class RingAllgatherSteps {
  public:
   RingAllgatherSteps(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
                      const PipelineOptions& o);
-  std::size_t num_segments() const { return nseg_; }
-  std::size_t max_segment_bytes() const;
+  std::size_t num_segments() const { return layout_.num_segments(); }
+  std::size_t max_segment_bytes() const { return layout_.max_segment_bytes(); }
   Unit unit(int step, std::size_t seg) const;
 
  private:
-  Range segment(int chunk, std::size_t j) const;
-
+  RingLayout layout_;
   unsigned char* buf_;
-  std::size_t count_;
-  std::size_t es_;
-  int rank_, p_, shift_;
-  std::size_t nseg_;
 };
 
 // The phases on their own, step after step (reduce_scatter and allgather collectives).
