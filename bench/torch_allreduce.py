@@ -19,8 +19,6 @@ intra-op thread (``--threads``): the ranks already fill the cores.
 """
 
 import argparse
-import os
-import socket
 import statistics
 import sys
 import time
@@ -68,16 +66,9 @@ def setup():
     world = MPI.COMM_WORLD
     if world.size < 2:
         sys.exit("run under mpirun with at least 2 ranks: mpirun -n 2 python bench/torch_allreduce.py")
-    port = None
-    if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port)))
-    import zcoll.torch  # noqa: F401  registers the backend
+    import zcoll.torch  # registers the backend
 
-    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
-    return world, {"zcoll": dist.new_group(backend="zcoll"), "gloo": dist.group.WORLD}
+    return world, zcoll.torch.init_gloo_beside_zcoll(world)
 
 
 def timed(world, group, buf) -> float:

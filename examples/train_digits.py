@@ -22,7 +22,6 @@ order). After every update the script checks that all ranks hold bit-identical p
 import argparse
 import hashlib
 import os
-import socket
 import time
 
 os.environ.setdefault("MPIR_CVAR_DEVICE_COLLECTIVES", "none")  # MPICH's own collectives spin otherwise
@@ -76,18 +75,6 @@ def make_net(seed):
         torch.nn.ReLU(),
         torch.nn.Linear(64, 10),
     )
-
-
-def start(world):
-    """gloo as the default group (needs an address), zcoll as a second group on the same ranks."""
-    port = None
-    if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port)))
-    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
-    return {"gloo": dist.group.WORLD, "zcoll": dist.new_group(backend="zcoll")}
 
 
 def identical_everywhere(world, model):
@@ -187,7 +174,7 @@ def main():
     unknown = sorted(set(wanted) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}; choose from {CONFIGS}")
-    groups = start(world)
+    groups = zcoll.torch.init_gloo_beside_zcoll(world)  # gloo (the reference) and zcoll
     data = load_digits(args.seed)
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(

@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - torch is a declared extra
     raise ImportError("zcoll.torch needs PyTorch: pip install 'zcoll[torch]'") from e
 
 from . import _launch, backend, hooks, optim
-from ._launch import ProcessLocalStore, init_process_group
+from ._launch import ProcessLocalStore, init_gloo_beside_zcoll, init_process_group
 from ._work import ZcollWork
 from .accumulate import GradientAccumulator
 from .backend import ProcessGroupZcoll
@@ -31,6 +31,7 @@ backend.register()
 _launch.install_env_rendezvous()
 
 __all__ = [
+    "init_gloo_beside_zcoll",
     "CompressionState",
     "GradientAccumulator",
     "ProcessGroupZcoll",

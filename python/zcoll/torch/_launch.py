@@ -178,3 +178,21 @@ def init_process_group(comm: Any = None, timeout: Optional[timedelta] = None, **
     dist.init_process_group(
         "zcoll", store=ProcessLocalStore(), rank=comm.rank, world_size=comm.size, timeout=timeout, **kwargs
     )
+
+
+def init_gloo_beside_zcoll(comm: Any = None) -> Dict[str, Any]:
+    """Under mpirun: gloo as the default group and zcoll as a second group on the same ranks, for
+    side-by-side comparisons. gloo needs an address; rank 0 picks a free localhost port and
+    shares it through MPI (single-node jobs). Returns {"gloo": group, "zcoll": group}.
+    """
+    import socket
+
+    world = comm if comm is not None else world_comm()
+    port = None
+    if world.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port)))
+    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
+    return {"gloo": dist.group.WORLD, "zcoll": dist.new_group(backend="zcoll")}
