@@ -8,4 +8,5 @@ void bind_collectives(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
 void bind_compression(pybind11::module_& m);
 void bind_compressed(pybind11::module_& m);
+void bind_env(pybind11::module_& m);
 }  // namespace zcoll::bindings

@@ -16,4 +16,5 @@ PYBIND11_MODULE(_C, m) {
   zcoll::bindings::bind_kernels(m);
   zcoll::bindings::bind_compression(m);
   zcoll::bindings::bind_compressed(m);
+  zcoll::bindings::bind_env(m);
 }

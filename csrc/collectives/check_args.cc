@@ -9,17 +9,12 @@
 #include "collectives/algorithms.h"
 #include "collectives/pipeline.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "common/error.h"
 
 namespace zcoll::detail {
 
-bool check_mode_from_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("ZCOLL_CHECK");
-    return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
-  }();
-  return on;
-}
+bool check_mode_from_env() { return env::get_bool(env::Var::kCheck); }
 
 void check_same_call(Communicator& comm, const CallHeader& mine) {
   const int p = comm.size();

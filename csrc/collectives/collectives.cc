@@ -5,6 +5,7 @@
 
 #include "collectives/algorithms.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "kernels/reduce.h"
 
 namespace zcoll {
@@ -27,22 +28,10 @@ void require_root(const Communicator& comm, int root) {
 }  // namespace
 
 std::size_t default_segment_bytes() {
-  static const std::size_t bytes = [] {
-    const char* v = std::getenv("ZCOLL_SEGMENT_BYTES");
-    const long long n = v ? std::atoll(v) : 0;
-    return n > 0 ? static_cast<std::size_t>(n) : kDefaultSegmentBytes;
-  }();
-  return bytes;
+  return static_cast<std::size_t>(env::get_int(env::Var::kSegmentBytes));
 }
 
-int default_pipeline_depth() {
-  static const int depth = [] {
-    const char* v = std::getenv("ZCOLL_PIPELINE_DEPTH");
-    const int n = v ? std::atoi(v) : 0;
-    return n > 0 ? n : kDefaultPipelineDepth;
-  }();
-  return depth;
-}
+int default_pipeline_depth() { return static_cast<int>(env::get_int(env::Var::kPipelineDepth)); }
 
 const char* algorithm_name(Algorithm algorithm) {
   const int i = static_cast<int>(algorithm);

@@ -27,13 +27,11 @@ Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argu
 // transfer of one segment overlaps the reduction of the previous one; tests set it small to
 // reach multi-segment code with small inputs.
 struct PipelineOptions {
-  std::size_t max_segment_bytes = 0;  // 0: the built-in default (kDefaultSegmentBytes)
-  int depth = 0;                      // receives posted ahead; 0: the built-in default
+  std::size_t max_segment_bytes = 0;  // 0: default_segment_bytes()
+  int depth = 0;                      // receives posted ahead; 0: default_pipeline_depth()
 };
-inline constexpr std::size_t kDefaultSegmentBytes = 128 * 1024;
-inline constexpr int kDefaultPipelineDepth = 4;
-// The defaults in force: the constants above unless ZCOLL_SEGMENT_BYTES / ZCOLL_PIPELINE_DEPTH
-// are set (read once), for tuning without rebuilding.
+// The defaults in force: ZCOLL_SEGMENT_BYTES (128 KiB) and ZCOLL_PIPELINE_DEPTH (4), through
+// common/env.h, for tuning without rebuilding.
 std::size_t default_segment_bytes();
 int default_pipeline_depth();
 

@@ -12,6 +12,7 @@
 
 #include "comm/backoff.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "kernels/reduce.h"
 
 namespace zcoll {
@@ -42,11 +43,9 @@ int cpus_available(int local_ranks) {
 }
 
 WaitPolicy choose_wait_policy(bool oversubscribed) {
-  const char* env = std::getenv("ZCOLL_WAIT");
-  const std::string v = env ? env : "auto";
+  const std::string& v = env::get_choice(env::Var::kWait);
   if (v == "spin") return WaitPolicy::kSpin;
   if (v == "yield") return WaitPolicy::kYield;
-  ZCOLL_REQUIRE(v == "auto", "ZCOLL_WAIT must be spin, yield or auto, got '", v, "'");
   return oversubscribed ? WaitPolicy::kYield : WaitPolicy::kSpin;
 }
 
@@ -142,8 +141,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
   oversubscribed_ = local_size_ > cpus_available(local_size_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
-  const char* shm = std::getenv("ZCOLL_SHM");
-  shm_allowed_ = shm == nullptr || std::strcmp(shm, "0") != 0;
+  shm_allowed_ = env::get_bool(env::Var::kShm);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -171,9 +169,7 @@ SharedArena* MpiCommunicator::shared_arena() {
   if (arena_window_ != MPI_WIN_NULL) return &arena_;
   // One region per rank: the flags, then the algorithms' staging areas. The size is fixed (not
   // per message), so every rank allocates the same window whatever it is asked to reduce.
-  const char* env = std::getenv("ZCOLL_SHM_BYTES");
-  const long long requested = env ? std::atoll(env) : 0;
-  const std::size_t data_bytes = requested > 0 ? static_cast<std::size_t>(requested) : kDefaultArenaBytes;
+  const auto data_bytes = static_cast<std::size_t>(env::get_int(env::Var::kShmBytes));
   // +64: MPI only promises 8-byte alignment; each region is rounded up to a cache line below
   // (the offset within a page is the same in every process that maps it).
   const std::size_t bytes = kSharedFlags * sizeof(SharedFlag) + data_bytes + 64;

@@ -15,9 +15,6 @@ namespace zcoll {
 
 enum class WaitPolicy : int { kSpin = 0, kYield = 1 };
 
-// Bytes of shared memory per rank for the shm algorithms (env ZCOLL_SHM_BYTES overrides).
-inline constexpr std::size_t kDefaultArenaBytes = 4 << 20;
-
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/env.h"
+
 namespace zcoll::kernels {
 namespace {
 
@@ -22,13 +24,12 @@ SimdLevel detect() {
 }
 
 SimdLevel from_env(SimdLevel cpu) {
-  const char* env = std::getenv("ZCOLL_SIMD");
-  if (env == nullptr) return cpu;
-  SimdLevel wanted = cpu;
-  if (std::strcmp(env, "scalar") == 0) wanted = SimdLevel::kScalar;
-  if (std::strcmp(env, "avx2") == 0) wanted = SimdLevel::kAvx2;
-  if (std::strcmp(env, "avx512") == 0) wanted = SimdLevel::kAvx512;
-  return wanted < cpu ? wanted : cpu;
+  const std::string& wanted = env::get_choice(env::Var::kSimd);
+  SimdLevel level = cpu;
+  if (wanted == "scalar") level = SimdLevel::kScalar;
+  if (wanted == "avx2") level = SimdLevel::kAvx2;
+  if (wanted == "avx512") level = SimdLevel::kAvx512;
+  return level < cpu ? level : cpu;
 }
 
 std::atomic<int>& current() {

@@ -12,6 +12,12 @@ def _info(_args: argparse.Namespace) -> int:
     print(f"MPI: {_C.mpi_library_version().splitlines()[0].strip()}")
     print(f"SIMD: {_C.simd_level()} (detected {_C.detected_simd_level()}; override with ZCOLL_SIMD)")
     print(f"CUDA kernels built: {_C.with_cuda}")
+    print("\nSettings (ZCOLL_* environment variables; an explicit argument beats them):")
+    rows = _C.env_settings()
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"  {r['name']:<{width}}  {r['value']:<8} ({r['source']})  {r['help']}")
+        print(f"  {'':<{width}}  valid: {r['valid']}")
     return 0
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import weakref
 from typing import Any, Optional
 
@@ -65,7 +64,7 @@ class Communicator:
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
         self._c: Optional[_C.Comm] = _C.Comm(comm.py2f())
-        self._check = bool(int(os.environ.get("ZCOLL_CHECK", "0") or 0)) if check is None else bool(check)
+        self._check = _C.env_get("ZCOLL_CHECK") if check is None else bool(check)
         self.segment_bytes = 0  # 0: built-in default; small values reach multi-segment code in tests
         self.pipeline_depth = 0
         _live.add(self)
