@@ -386,6 +386,7 @@ int run(int argc, char** argv, const CollectiveBench& b) {
       std::printf("# Avg bus bandwidth %-18s: %.3f GB/s\n", algo.c_str(), busbw_sum[algo] / std::max(rows, 1));
     if (csv) std::fclose(csv);
   }
+  comm.free();  // collective, before MPI_Finalize (the destructor never calls MPI)
   return total_wrong ? 1 : 0;
 }
 

@@ -27,14 +27,36 @@ void reduce_tree(Communicator&, const void* in, void* out, std::size_t count, DT
 void barrier_dissemination(Communicator&);
 
 namespace detail {
-// ZCOLL_CHECK mode: every rank contributes a small header describing the call; if any two
-// differ, every rank throws MismatchError naming the first differing rank and field.
-struct CallHeader {
-  long long collective, dtype, op, count, root;
-  long long algorithm = 0;  // allreduce: the algorithm that will run (auto resolved)
+enum class Collective : long long {
+  kAllreduce = 0,
+  kReduceScatter,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kAllreduceCompressed,
 };
-void check_same_call(Communicator& comm, const CallHeader& mine);
-bool check_mode_from_env();  // ZCOLL_CHECK=1
+
+// ZCOLL_CHECK mode: every rank contributes this header describing its call (fixed size, so the
+// exchange itself cannot mismatch); if any two differ, every rank throws MismatchError naming
+// the first differing field (in this order) and the first rank that differs from rank 0.
+// Fields a collective does not use stay 0 on every rank.
+struct CallHeader {
+  Collective collective = Collective::kAllreduce;
+  long long dtype = 0;            // DType
+  long long op = 0;               // ReduceOp
+  long long count = 0;            // elements
+  long long root = 0;             // broadcast, reduce
+  long long algorithm = 0;        // allreduce: the Algorithm that will run (auto resolved)
+  long long compression = 0;      // compressed allreduce: the Compression kind
+  long long bits = 0;             // kQuantize: bits per code
+  long long block = 0;            // kQuantize: elements per scale
+  long long ratio_bits = 0;       // top-k / random-k: the ratio's IEEE-754 bits (exact compare)
+  long long exact_topk = 0;       // top-k: the global top-k (one segment) instead of blockwise
+};
+// Exchanges the headers (a ring allgather on the engine) when check mode is on for this call:
+// `requested` (an explicit argument) or ZCOLL_CHECK.
+void check_same_call(Communicator& comm, const CallHeader& mine, bool requested);
+bool check_mode_from_env();  // ZCOLL_CHECK
 }  // namespace detail
 
 }  // namespace zcoll

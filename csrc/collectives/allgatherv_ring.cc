@@ -13,7 +13,7 @@
 namespace zcoll::detail {
 namespace {
 
-class AllgathervSteps {
+class AllgathervSteps : public ScheduleBase {
  public:
   AllgathervSteps(Communicator& comm, void* buf, const std::size_t* offset, const std::size_t* bytes,
                   std::size_t nseg)
@@ -24,14 +24,15 @@ class AllgathervSteps {
         p_(comm.size()),
         nseg_(nseg) {}
 
+  std::size_t num_units() const { return static_cast<std::size_t>(p_ - 1) * nseg_; }
+  std::size_t max_recv_bytes() const { return 0; }
   Unit unit(std::size_t u) const {
     const int step = static_cast<int>(u / nseg_);
     const Range send = part(mod(rank_ - step, p_), u % nseg_);
     const Range recv = part(mod(rank_ - step - 1, p_), u % nseg_);
-    return Unit{buf_ + send.begin, send.count, mod(rank_ + 1, p_),
-                buf_ + recv.begin, recv.count, mod(rank_ - 1, p_)};
+    return Unit::exchange(buf_ + send.begin, send.count, mod(rank_ + 1, p_), buf_ + recv.begin, recv.count,
+                          mod(rank_ - 1, p_));
   }
-  void on_received(std::size_t, const void*) {}
 
  private:
   Range part(int block, std::size_t j) const { return split(Range{offset_[block], bytes_[block]}, nseg_, j); }
@@ -53,8 +54,7 @@ void ring_allgatherv(Communicator& comm, void* buf, const std::size_t* offset, c
   if (largest == 0) return;
   const std::size_t nseg = num_segments(largest, 1, pipeline);
   AllgathervSteps steps(comm, buf, offset, bytes, nseg);
-  run_pipeline(comm, steps, static_cast<std::size_t>(p - 1) * nseg, (largest + nseg - 1) / nseg, pipeline,
-               kTagRingAllgather);
+  run_pipeline(comm, steps, pipeline, kTagRingAllgather);
 }
 
 }  // namespace zcoll::detail

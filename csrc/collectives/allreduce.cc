@@ -21,9 +21,13 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }
   // The resolved algorithm is part of the header: ranks running different ones would hang.
-  if (options.check_args || detail::check_mode_from_env())
-    detail::check_same_call(comm, {0, static_cast<int>(dtype), static_cast<int>(options.op),
-                                   static_cast<long long>(count), 0, static_cast<int>(algorithm)});
+  detail::CallHeader header;
+  header.collective = detail::Collective::kAllreduce;
+  header.dtype = static_cast<long long>(dtype);
+  header.op = static_cast<long long>(options.op);
+  header.count = static_cast<long long>(count);
+  header.algorithm = static_cast<long long>(algorithm);
+  detail::check_same_call(comm, header, options.check_args);
   comm.stats().collectives += 1;
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {

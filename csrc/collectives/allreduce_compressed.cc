@@ -37,6 +37,23 @@ void measure(const float* e, std::size_t n, CompressionStats& stats) {
   stats.error_l2 = std::sqrt(sq);
 }
 
+// What shapes the payloads: ranks that differ in any of it would send mismatched messages.
+detail::CallHeader call_header(const CompressionOptions& o, DType dtype, std::size_t count) {
+  detail::CallHeader h;
+  h.collective = detail::Collective::kAllreduceCompressed;
+  h.dtype = static_cast<long long>(dtype);
+  h.op = static_cast<long long>(o.op);
+  h.count = static_cast<long long>(count);
+  h.compression = static_cast<long long>(o.kind);
+  if (o.kind == Compression::kQuantize) {
+    h.bits = o.bits;
+    h.block = static_cast<long long>(o.block);
+  }
+  if (o.kind == Compression::kTopK || o.kind == Compression::kRandomK) std::memcpy(&h.ratio_bits, &o.ratio, sizeof o.ratio);
+  h.exact_topk = o.kind == Compression::kTopK && o.exact_topk;  // one segment instead of several
+  return h;
+}
+
 double parse_number(const std::string& spec, const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
@@ -88,15 +105,7 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
                           const CompressionOptions& o, CompressionStats* stats_out) {
   validate(o, dtype, count);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
-  if (o.check_args || detail::check_mode_from_env()) {
-    // "collective" 200 + kind; "algorithm" the parameter that shapes the payloads.
-    const long long shape = o.kind == Compression::kQuantize
-                                ? o.bits * 1000000LL + static_cast<long long>(o.block)
-                            : is_sparse(o.kind) ? std::llround(o.ratio * 1e9)
-                                                : 0;
-    detail::check_same_call(comm, {200 + static_cast<int>(o.kind), static_cast<int>(dtype),
-                                   static_cast<int>(o.op), static_cast<long long>(count), 0, shape});
-  }
+  if (o.kind != Compression::kNone) detail::check_same_call(comm, call_header(o, dtype, count), o.check_args);
   CompressionStats stats;
   const int p = comm.size();
   const std::uint64_t sent_before = comm.stats().bytes_sent;
@@ -106,12 +115,13 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
     a.op = o.op;
     a.algorithm = o.algorithm;
     a.pipeline = o.pipeline;
+    a.check_args = o.check_args;
     allreduce(comm, in, out, count, dtype, a);
   } else if (count > 0) {
     comm.stats().collectives += 1;
     float* e = o.residual;
     if (!e && o.measure_error) {
-      e = static_cast<float*>(comm.scratch(count * sizeof(float), 8));
+      e = static_cast<float*>(comm.scratch(count * sizeof(float), Scratch::kResidual));
       std::memset(e, 0, count * sizeof(float));
     }
     if (o.kind == Compression::kTopK) {

@@ -40,7 +40,7 @@ namespace {
 constexpr std::size_t kAlign = 64;
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
-class CompressedRing {
+class CompressedRing : public ScheduleBase {
  public:
   CompressedRing(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                  const CompressionOptions& o, float* residual)
@@ -54,22 +54,23 @@ class CompressedRing {
         divisor_(o.op == ReduceOp::kAvg ? comm.size() : 1) {
     const std::size_t granule = o.kind == Compression::kQuantize ? o.block : 16;
     seg_elems_ = compressed_segment_elements(o.pipeline, granule);
-    codec_ = make_ring_codec(o, dtype, static_cast<float*>(comm.scratch(2 * seg_elems_ * sizeof(float), 3)),
-                             seg_elems_);
+    codec_ = make_ring_codec(
+        o, dtype, static_cast<float*>(comm.scratch(2 * seg_elems_ * sizeof(float), Scratch::kCodecFloats)),
+        seg_elems_);
     granule_ = codec_->granule();
     granules_ = (count + granule_ - 1) / granule_;
     const std::size_t chunk_granules = block_count(granules_, p_, 0);
     nseg_ = std::max<std::size_t>(1, (chunk_granules * granule_ + seg_elems_ - 1) / seg_elems_);
     stride_ = round_up(codec_->payload_bytes(max_segment_elements()), kAlign);
     skew_ = std::min<std::size_t>(nseg_ - 1, static_cast<std::size_t>(pipeline_depth(o.pipeline) - 1));
-    auto* areas = static_cast<unsigned char*>(comm.scratch(2 * p_ * nseg_ * stride_, 2));
+    auto* areas = static_cast<unsigned char*>(comm.scratch(2 * p_ * nseg_ * stride_, Scratch::kCompressedPayloads));
     rs_area_ = areas;
     ag_area_ = areas + p_ * nseg_ * stride_;
   }
 
   std::size_t num_messages() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
   std::size_t num_units() const { return num_messages() + skew(); }
-  std::size_t max_payload_bytes() const { return stride_; }
+  std::size_t max_recv_bytes() const { return stride_; }
   std::size_t nonfinite() const { return nonfinite_; }
 
   // One rank: encode and decode every segment (the same payload a ring would carry).
@@ -82,24 +83,31 @@ class CompressedRing {
     }
   }
 
-  Unit unit(std::size_t v) {
-    Unit u{nullptr, 0, mod(rank_ + 1, p_), nullptr, 0, mod(rank_ - 1, p_)};
+  Unit unit(std::size_t v) const {
+    Unit u;
     if (v < num_messages()) {  // send message v
       const Where w = where(v);
       const int chunk = w.reduce ? mod(rank_ - w.step, p_) : mod(rank_ + 1 - w.step, p_);
-      if (w.reduce && w.step == 0) encode_own_through(w.seg);
-      u.send = w.reduce ? rs(chunk, w.seg) : ag(chunk, w.seg);
-      u.send_bytes = codec_->payload_bytes(segment(chunk, w.seg).n);
+      u.send[0] = {w.reduce ? rs(chunk, w.seg) : ag(chunk, w.seg), codec_->payload_bytes(segment(chunk, w.seg).n),
+                   mod(rank_ + 1, p_)};
     }
     if (v >= skew()) {  // receive message v - skew
       const Where w = where(v - skew());
       const int chunk = w.reduce ? mod(rank_ - w.step - 1, p_) : mod(rank_ - w.step, p_);
-      u.recv_bytes = codec_->payload_bytes(segment(chunk, w.seg).n);
+      u.recv[0] = {nullptr, codec_->payload_bytes(segment(chunk, w.seg).n), mod(rank_ - 1, p_)};
     }
     return u;
   }
 
-  void on_received(std::size_t v, const void* data) {
+  void before_send(std::size_t v) {
+    if (v >= num_messages()) return;
+    const Where w = where(v);
+    if (w.reduce && w.step == 0) encode_own_through(w.seg);
+  }
+
+  void on_received(std::size_t v, const Slots& slots) {
+    const void* data = slots.data[0];
+    if (!data) return;
     const Where w = where(v - skew());
     if (w.reduce) {
       const int chunk = mod(rank_ - w.step - 1, p_);
@@ -145,8 +153,8 @@ class CompressedRing {
     return (chunk_granules + nseg_ - 1) / nseg_ * granule_;
   }
 
-  // Step-0 payloads of this rank's chunk, encoded in segment order the first time a unit
-  // sends one (units are first scheduled in increasing order).
+  // Step-0 payloads of this rank's chunk, encoded in segment order just before the first unit
+  // that sends one (before_send runs in unit order).
   void encode_own_through(std::size_t j) {
     for (; encoded_ <= j; ++encoded_) {
       const Seg s = segment(rank_, encoded_);
@@ -181,8 +189,7 @@ std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* 
   if (comm.size() == 1) {
     ring.round_trip();
   } else {
-    run_pipeline(comm, ring, ring.num_units(), ring.max_payload_bytes(), options.pipeline,
-                 kTagRingReduceScatter);
+    run_pipeline(comm, ring, options.pipeline, kTagCompressedRing);
   }
   return ring.nonfinite();
 }

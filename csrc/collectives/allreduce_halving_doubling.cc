@@ -59,7 +59,7 @@ std::size_t step_of(const Steps& steps, std::size_t u) {
   return k;
 }
 
-class Halving {
+class Halving : public detail::ScheduleBase {
  public:
   Halving(const std::vector<Step>& steps, const void* in, void* out, bool data_in_out, DType dtype,
           ReduceOp op, int p)
@@ -67,7 +67,7 @@ class Halving {
         out_(static_cast<unsigned char*>(out)), dtype_(dtype), op_(op), es_(dtype_size(dtype)), p_(p) {}
 
   std::size_t num_units() const { return steps_.empty() ? 0 : steps_.back().first_unit + steps_.back().nseg; }
-  std::size_t max_segment_bytes() const {
+  std::size_t max_recv_bytes() const {
     std::size_t m = 0;
     for (const auto& s : steps_) m = std::max(m, ((s.keep.count + s.nseg - 1) / s.nseg + 1) * es_);
     return m;
@@ -78,11 +78,13 @@ class Halving {
     const Step& s = steps_[k];
     const Range give = detail::split(s.give, s.nseg, u - s.first_unit);
     const Range keep = detail::split(s.keep, s.nseg, u - s.first_unit);
-    return detail::Unit{source(k) + give.begin * es_, give.count * es_, s.peer, nullptr,
-                        keep.count * es_, s.peer};
+    return detail::Unit::exchange(source(k) + give.begin * es_, give.count * es_, s.peer, nullptr,
+                                  keep.count * es_, s.peer);
   }
 
-  void on_received(std::size_t u, const void* data) {
+  void on_received(std::size_t u, const detail::Slots& slots) {
+    const void* data = slots.data[0];
+    if (!data) return;
     const std::size_t k = step_of(steps_, u);
     const Step& s = steps_[k];
     const Range keep = detail::split(s.keep, s.nseg, u - s.first_unit);
@@ -108,7 +110,7 @@ class Halving {
 };
 
 // The halving steps in reverse: send what this rank owns, receive the partner's half in place.
-class Doubling {
+class Doubling : public detail::ScheduleBase {
  public:
   Doubling(const std::vector<Step>& steps, void* out, std::size_t es)
       : steps_(steps.rbegin(), steps.rend()), out_(static_cast<unsigned char*>(out)), es_(es) {
@@ -120,14 +122,14 @@ class Doubling {
   }
 
   std::size_t num_units() const { return steps_.empty() ? 0 : steps_.back().first_unit + steps_.back().nseg; }
+  std::size_t max_recv_bytes() const { return 0; }
   detail::Unit unit(std::size_t u) const {
     const Step& s = steps_[step_of(steps_, u)];
     const Range keep = detail::split(s.keep, s.nseg, u - s.first_unit);
     const Range give = detail::split(s.give, s.nseg, u - s.first_unit);
-    return detail::Unit{out_ + keep.begin * es_, keep.count * es_, s.peer,
-                        out_ + give.begin * es_, give.count * es_, s.peer};
+    return detail::Unit::exchange(out_ + keep.begin * es_, keep.count * es_, s.peer, out_ + give.begin * es_,
+                                  give.count * es_, s.peer);
   }
-  void on_received(std::size_t, const void*) {}
 
  private:
   std::vector<Step> steps_;
@@ -145,11 +147,9 @@ void allreduce_halving_doubling(Communicator& comm, const void* in, void* out, s
     const std::size_t es = dtype_size(dtype);
     const std::vector<Step> steps = plan_steps(fold, count, es, pipeline);
     Halving halving(steps, in, out, data_in_out, dtype, op, comm.size());
-    detail::run_pipeline(comm, halving, halving.num_units(), halving.max_segment_bytes(), pipeline,
-                         detail::kTagHalving);
+    detail::run_pipeline(comm, halving, pipeline, detail::kTagHalving);
     Doubling doubling(steps, out, es);
-    detail::run_pipeline(comm, doubling, doubling.num_units(), halving.max_segment_bytes(), pipeline,
-                         detail::kTagDoubling);
+    detail::run_pipeline(comm, doubling, pipeline, detail::kTagDoubling);
   }
   detail::fold_out(comm, fold, out, count, dtype, pipeline);
 }

@@ -17,7 +17,7 @@
 namespace zcoll {
 namespace {
 
-class RecursiveDoubling {
+class RecursiveDoubling : public detail::ScheduleBase {
  public:
   RecursiveDoubling(const detail::Fold& fold, const void* in, void* out, bool data_in_out,
                     std::size_t count, DType dtype, ReduceOp op, int p, const PipelineOptions& o)
@@ -28,19 +28,21 @@ class RecursiveDoubling {
   }
 
   std::size_t num_units() const { return static_cast<std::size_t>(steps_) * nseg_; }
-  std::size_t max_segment_bytes() const { return ((count_ + nseg_ - 1) / nseg_) * es_; }
+  std::size_t max_recv_bytes() const { return ((count_ + nseg_ - 1) / nseg_) * es_; }
 
   detail::Unit unit(std::size_t u) const {
     const int step = static_cast<int>(u / nseg_);
     const detail::Range seg = segment(u);
     const int peer = fold_.real_rank(fold_.vrank ^ (1 << step));
-    detail::Unit unit{source(step) + seg.begin * es_, seg.count * es_, peer, nullptr,
-                      seg.count * es_, peer};
-    unit.send_overlaps_result = source(step) == out_;
+    detail::Unit unit =
+        detail::Unit::exchange(source(step) + seg.begin * es_, seg.count * es_, peer, nullptr, seg.count * es_, peer);
+    unit.wait_sends_first = source(step) == out_;
     return unit;
   }
 
-  void on_received(std::size_t u, const void* data) {
+  void on_received(std::size_t u, const detail::Slots& slots) {
+    const void* data = slots.data[0];
+    if (!data) return;
     const int step = static_cast<int>(u / nseg_);
     const detail::Range seg = segment(u);
     const bool lower = (fold_.vrank & (1 << step)) == 0;
@@ -79,8 +81,7 @@ void allreduce_recursive_doubling(Communicator& comm, const void* in, void* out,
   const bool data_in_out = detail::fold_in(comm, fold, in, out, count, dtype, op, pipeline);
   if (fold.vrank >= 0) {
     RecursiveDoubling schedule(fold, in, out, data_in_out, count, dtype, op, comm.size(), pipeline);
-    detail::run_pipeline(comm, schedule, schedule.num_units(), schedule.max_segment_bytes(), pipeline,
-                         detail::kTagRecursiveDoubling);
+    detail::run_pipeline(comm, schedule, pipeline, detail::kTagRecursiveDoubling);
   }
   detail::fold_out(comm, fold, out, count, dtype, pipeline);
 }

@@ -15,7 +15,7 @@
 namespace zcoll {
 namespace {
 
-class RingAllreduce {
+class RingAllreduce : public detail::ScheduleBase {
  public:
   RingAllreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                 const PipelineOptions& o)
@@ -25,15 +25,15 @@ class RingAllreduce {
         nseg_(rs_.num_segments()) {}
 
   std::size_t num_units() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
-  std::size_t max_segment_bytes() const { return rs_.max_segment_bytes(); }
+  std::size_t max_recv_bytes() const { return rs_.max_segment_bytes(); }
 
   detail::Unit unit(std::size_t u) const {
     const Where w = where(u);
     return w.reduce ? rs_.unit(w.step, w.seg) : ag_.unit(w.step, w.seg);
   }
-  void on_received(std::size_t u, const void* data) {
+  void on_received(std::size_t u, const detail::Slots& slots) {
     const Where w = where(u);
-    if (w.reduce) rs_.on_received(w.step, w.seg, data);
+    if (w.reduce && slots.data[0]) rs_.on_received(w.step, w.seg, slots.data[0]);
   }
 
  private:
@@ -69,8 +69,7 @@ class RingAllreduce {
 void allreduce_ring(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     ReduceOp op, const PipelineOptions& pipeline) {
   RingAllreduce schedule(comm, in, out, count, dtype, op, pipeline);
-  detail::run_pipeline(comm, schedule, schedule.num_units(), schedule.max_segment_bytes(), pipeline,
-                       detail::kTagRingReduceScatter);
+  detail::run_pipeline(comm, schedule, pipeline, detail::kTagRingReduceScatter);
 }
 
 }  // namespace zcoll

@@ -82,7 +82,7 @@ std::size_t dense_from_mask(const float* src, float t, float* e, std::size_t n, 
 Selection select(Communicator& comm, const float* g, std::size_t n, const CompressionOptions& o, float* e) {
   const bool thresh = o.kind == Compression::kThreshold;
   const std::size_t capacity = thresh ? n / 2 + 1 : sparse_k(n, o.ratio);
-  auto* buf = static_cast<unsigned char*>(comm.scratch(capacity * 8, 5));
+  auto* buf = static_cast<unsigned char*>(comm.scratch(capacity * 8, Scratch::kSelection));
   Selection s{reinterpret_cast<std::uint32_t*>(buf), reinterpret_cast<float*>(buf + capacity * 4)};
   s.src = g;
   if (e) {
@@ -109,13 +109,13 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
   // 1. select
   const float* g = static_cast<const float*>(in);
   if (dtype != DType::kFloat32) {
-    float* w = static_cast<float*>(comm.scratch(n * sizeof(float), 4));
+    float* w = static_cast<float*>(comm.scratch(n * sizeof(float), Scratch::kWidened));
     kernels::cast(in, dtype, w, DType::kFloat32, n);
     g = w;
   }
   Selection s = select(comm, g, n, o, residual);
   float* y = dtype == DType::kFloat32 ? static_cast<float*>(out)
-                                      : static_cast<float*>(comm.scratch(n * sizeof(float), 6));
+                                      : static_cast<float*>(comm.scratch(n * sizeof(float), Scratch::kWideResult));
   std::size_t bad = 0;
   if (s.overflow)  // y may alias the input: the selection is done, the input no longer needed
     bad = dense_from_mask(s.src, o.threshold, residual, n, y);
@@ -150,7 +150,7 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
     }
     if (p > 1) allreduce_ring(comm, y, y, n, DType::kFloat32, o.op, o.pipeline);
   } else {  // 3b. sparse
-    auto* pairs = static_cast<unsigned char*>(comm.scratch(8 * total, 7));
+    auto* pairs = static_cast<unsigned char*>(comm.scratch(8 * total, Scratch::kPairs));
     std::memcpy(pairs + offset[rank], s.idx, 4 * s.m);
     std::memcpy(pairs + offset[rank] + 4 * s.m, s.val, 4 * s.m);
     ring_allgatherv(comm, pairs, offset.data(), bytes.data(), o.pipeline);

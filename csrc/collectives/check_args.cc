@@ -1,43 +1,74 @@
-// ZCOLL_CHECK mode: before a collective, every rank allgathers a 6-number header describing its
-// call (collective, dtype, op, count, root) over the same communicator. A mismatch that would
-// otherwise hang or corrupt (one rank sending more bytes than another expects) becomes a
-// MismatchError raised on every rank, since every rank sees every header.
-#include <cstdlib>
+// Check mode (ZCOLL_CHECK=1 or check_args): before a collective, every rank allgathers a
+// fixed-size CallHeader (algorithms.h) describing its call over the same communicator. A
+// mismatch that would otherwise hang or corrupt (one rank sending more bytes than another
+// expects) becomes a MismatchError raised on every rank, since every rank sees every header.
+// Cost: one ring allgather of p x 88 bytes: (p-1) alpha.
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "collectives/algorithms.h"
-#include "collectives/pipeline.h"
+#include "collectives/ring.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "common/error.h"
 
 namespace zcoll::detail {
+namespace {
+
+constexpr int kFields = sizeof(CallHeader) / sizeof(long long);
+static_assert(sizeof(CallHeader) == kFields * sizeof(long long), "CallHeader is a flat array of 64-bit fields");
+constexpr const char* kFieldNames[kFields] = {"collective", "dtype", "op",          "count", "root",
+                                              "algorithm",  "compression", "bits", "block", "ratio",
+                                              "exact_topk"};
+constexpr const char* kCompressionNames[] = {"none", "fp16", "bf16", "quantize", "topk", "randomk", "threshold"};
+constexpr const char* kCollectiveNames[] = {"allreduce", "reduce_scatter", "allgather",
+                                            "broadcast", "reduce",         "compressed allreduce"};
+
+// A field's value as a person reads it: names for enums, the ratio as a number.
+std::string describe(int field, long long v) {
+  try {
+    switch (field) {
+      case 0:
+        if (v >= 0 && v < static_cast<long long>(std::size(kCollectiveNames))) return kCollectiveNames[v];
+        break;
+      case 1: return dtype_name(static_cast<DType>(v));
+      case 2: return op_name(static_cast<ReduceOp>(v));
+      case 5: return algorithm_name(static_cast<Algorithm>(v));
+      case 6:
+        if (v >= 0 && v < static_cast<long long>(std::size(kCompressionNames))) return kCompressionNames[v];
+        break;
+      case 9: {
+        double ratio;
+        std::memcpy(&ratio, &v, sizeof ratio);
+        return concat(ratio);
+      }
+      default: break;
+    }
+  } catch (const std::invalid_argument&) {
+  }
+  return std::to_string(v);
+}
+
+}  // namespace
 
 bool check_mode_from_env() { return env::get_bool(env::Var::kCheck); }
 
-void check_same_call(Communicator& comm, const CallHeader& mine) {
+void check_same_call(Communicator& comm, const CallHeader& mine, bool requested) {
+  if (!requested && !check_mode_from_env()) return;
   const int p = comm.size();
   if (p == 1) return;
-  constexpr int kFields = 6;
-  const long long own[kFields] = {mine.collective, mine.dtype, mine.op, mine.count, mine.root, mine.algorithm};
   std::vector<long long> all(static_cast<std::size_t>(p) * kFields);
-  std::memcpy(&all[static_cast<std::size_t>(comm.rank()) * kFields], own, sizeof(own));
-  // A ring allgather of fixed-size headers: every rank sends and expects the same byte count,
-  // whatever its arguments, so this exchange itself cannot mismatch.
-  for (int s = 0; s < p - 1; ++s) {
-    const int send_block = mod(comm.rank() - s, p), recv_block = mod(comm.rank() - s - 1, p);
-    comm.sendrecv(&all[static_cast<std::size_t>(send_block) * kFields], sizeof(own), mod(comm.rank() + 1, p),
-                  &all[static_cast<std::size_t>(recv_block) * kFields], sizeof(own), mod(comm.rank() - 1, p),
-                  kTagCheck);
-  }
-  static const char* kNames[kFields] = {"collective", "dtype", "op", "count", "root", "algorithm"};
-  for (int r = 1; r < p; ++r)
-    for (int f = 0; f < kFields; ++f)
-      if (all[static_cast<std::size_t>(r) * kFields + f] != all[f])
-        throw MismatchError(concat("ranks disagree on the ", kNames[f], " of this collective: rank 0 passed ",
-                                   all[f], ", rank ", r, " passed ", all[static_cast<std::size_t>(r) * kFields + f],
+  std::memcpy(&all[static_cast<std::size_t>(comm.rank()) * kFields], &mine, sizeof mine);
+  ring_allgather_phase(comm, all.data(), all.size(), DType::kInt64, /*shift=*/0, PipelineOptions{}, kTagCheck);
+  for (int f = 0; f < kFields; ++f)
+    for (int r = 1; r < p; ++r) {
+      const long long theirs = all[static_cast<std::size_t>(r) * kFields + f];
+      if (theirs != all[f])
+        throw MismatchError(concat("ranks disagree on the ", kFieldNames[f], " of this collective: rank 0 passed ",
+                                   describe(f, all[f]), ", rank ", r, " passed ", describe(f, theirs),
                                    " (detected by ZCOLL_CHECK; every rank raises this)"));
+    }
 }
 
 }  // namespace zcoll::detail

@@ -14,10 +14,15 @@ namespace {
 constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "tree", "recursive_doubling",
                                                           "halving_doubling", "mpi", "shm"};
 
-enum Collective : long long { kAllreduce = 0, kReduceScatter, kAllgather, kBroadcast, kReduce };
-
-void maybe_check(Communicator& comm, bool requested, detail::CallHeader header) {
-  if (requested || detail::check_mode_from_env()) detail::check_same_call(comm, header);
+void maybe_check(Communicator& comm, bool requested, detail::Collective collective, DType dtype, ReduceOp op,
+                 std::size_t count, int root) {
+  detail::CallHeader h;
+  h.collective = collective;
+  h.dtype = static_cast<long long>(dtype);
+  h.op = static_cast<long long>(op);
+  h.count = static_cast<long long>(count);
+  h.root = root;
+  detail::check_same_call(comm, h, requested);
 }
 
 void require_root(const Communicator& comm, int root) {
@@ -59,8 +64,7 @@ std::size_t block_begin(std::size_t count, int parts, int index) {
 void reduce_scatter(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const ReduceOptions& options) {
   validate_op(dtype, options.op);
-  maybe_check(comm, options.check_args, {kReduceScatter, static_cast<int>(dtype),
-                                         static_cast<int>(options.op), static_cast<long long>(count), 0});
+  maybe_check(comm, options.check_args, detail::Collective::kReduceScatter, dtype, options.op, count, 0);
   comm.stats().collectives += 1;
   const std::size_t mine = block_count(count, comm.size(), comm.rank());
   if (count == 0) return;
@@ -73,8 +77,7 @@ void reduce_scatter(Communicator& comm, const void* in, void* out, std::size_t c
 
 void allgather(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                const CollectiveOptions& options) {
-  maybe_check(comm, options.check_args, {kAllgather, static_cast<int>(dtype), 0,
-                                         static_cast<long long>(count), 0});
+  maybe_check(comm, options.check_args, detail::Collective::kAllgather, dtype, ReduceOp::kSum, count, 0);
   comm.stats().collectives += 1;
   if (count == 0) return;
   if (comm.size() == 1) {
@@ -87,8 +90,8 @@ void allgather(Communicator& comm, const void* in, void* out, std::size_t count,
 void broadcast(Communicator& comm, void* buf, std::size_t count, DType dtype,
                const CollectiveOptions& options) {
   require_root(comm, options.root);
-  maybe_check(comm, options.check_args, {kBroadcast, static_cast<int>(dtype), 0,
-                                         static_cast<long long>(count), options.root});
+  maybe_check(comm, options.check_args, detail::Collective::kBroadcast, dtype, ReduceOp::kSum, count,
+              options.root);
   comm.stats().collectives += 1;
   if (count == 0 || comm.size() == 1) return;
   broadcast_tree(comm, buf, count, dtype, options.root, options.pipeline);
@@ -98,8 +101,7 @@ void reduce(Communicator& comm, const void* in, void* out, std::size_t count, DT
             const ReduceOptions& options) {
   validate_op(dtype, options.op);
   require_root(comm, options.root);
-  maybe_check(comm, options.check_args, {kReduce, static_cast<int>(dtype), static_cast<int>(options.op),
-                                         static_cast<long long>(count), options.root});
+  maybe_check(comm, options.check_args, detail::Collective::kReduce, dtype, options.op, count, options.root);
   comm.stats().collectives += 1;
   if (count == 0) return;
   if (comm.size() == 1) {

@@ -22,29 +22,24 @@ namespace {
 
 // One-directional segmented transfer: `sender` sends buf segments, `receiver` receives them
 // into a slot (then combines) or straight into place.
-class Transfer {
+class OneWay : public ScheduleBase {
  public:
-  Transfer(const void* send, void* recv_into, std::size_t count, std::size_t es, int peer,
-           bool sending, const PipelineOptions& o)
+  OneWay(const void* send, void* recv_into, std::size_t count, std::size_t es, int peer, bool sending,
+         const PipelineOptions& o)
       : send_(static_cast<const unsigned char*>(send)), recv_into_(static_cast<unsigned char*>(recv_into)),
         count_(count), es_(es), peer_(peer), sending_(sending), nseg_(num_segments(count, es, o)) {}
 
   std::size_t num_units() const { return nseg_; }
-  std::size_t max_segment_bytes() const { return ((count_ + nseg_ - 1) / nseg_) * es_; }
+  std::size_t max_recv_bytes() const { return ((count_ + nseg_ - 1) / nseg_) * es_; }
   Range segment(std::size_t u) const { return split(Range{0, count_}, nseg_, u); }
 
   Unit unit(std::size_t u) const {
     const Range seg = segment(u);
     Unit unit;
-    if (sending_) {
-      unit.send = send_ + seg.begin * es_;
-      unit.send_bytes = seg.count * es_;
-      unit.dst = peer_;
-    } else {
-      unit.recv_into = recv_into_ ? recv_into_ + seg.begin * es_ : nullptr;
-      unit.recv_bytes = seg.count * es_;
-      unit.src = peer_;
-    }
+    if (sending_)
+      unit.send[0] = {send_ + seg.begin * es_, seg.count * es_, peer_};
+    else
+      unit.recv[0] = {recv_into_ ? recv_into_ + seg.begin * es_ : nullptr, seg.count * es_, peer_};
     return unit;
   }
 
@@ -57,14 +52,16 @@ class Transfer {
   std::size_t nseg_;
 };
 
-class FoldIn : public Transfer {
+class FoldIn : public OneWay {
  public:
   FoldIn(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op, int peer,
          bool sending, const PipelineOptions& o)
-      : Transfer(in, nullptr, count, dtype_size(dtype), peer, sending, o),
+      : OneWay(in, nullptr, count, dtype_size(dtype), peer, sending, o),
         out_(static_cast<unsigned char*>(out)), dtype_(dtype), op_(op) {}
 
-  void on_received(std::size_t u, const void* data) {
+  void on_received(std::size_t u, const Slots& slots) {
+    const void* data = slots.data[0];
+    if (!data) return;
     const Range seg = segment(u);
     // The partner has the lower rank: its data is the left operand.
     kernels::reduce(out_ + seg.begin * es_, data, send_ + seg.begin * es_, seg.count, dtype_, op_);
@@ -76,11 +73,7 @@ class FoldIn : public Transfer {
   ReduceOp op_;
 };
 
-class FoldOut : public Transfer {
- public:
-  using Transfer::Transfer;
-  void on_received(std::size_t, const void*) {}
-};
+using FoldOut = OneWay;
 
 }  // namespace
 
@@ -91,7 +84,7 @@ bool fold_in(Communicator& comm, const Fold& fold, const void* in, void* out, st
   const bool sending = fold.vrank < 0;
   // The receiver reads its own `in` as the right operand; the sender's buffer is `in` too.
   FoldIn schedule(in, out, count, dtype, op, sending ? rank + 1 : rank - 1, sending, pipeline);
-  run_pipeline(comm, schedule, schedule.num_units(), schedule.max_segment_bytes(), pipeline, kTagFoldIn);
+  run_pipeline(comm, schedule, pipeline, kTagFoldIn);
   return !sending;
 }
 
@@ -101,7 +94,7 @@ void fold_out(Communicator& comm, const Fold& fold, void* out, std::size_t count
   const int rank = comm.rank();
   const bool sending = fold.vrank >= 0;
   FoldOut schedule(out, out, count, dtype_size(dtype), sending ? rank - 1 : rank + 1, sending, pipeline);
-  run_pipeline(comm, schedule, schedule.num_units(), schedule.max_segment_bytes(), pipeline, kTagFoldOut);
+  run_pipeline(comm, schedule, pipeline, kTagFoldOut);
 }
 
 }  // namespace zcoll::detail

@@ -1,23 +1,37 @@
-// The engine that every segmented point-to-point schedule (ring, recursive doubling,
-// halving-doubling) runs on.
+// The engine every point-to-point schedule runs on: ring, tree, recursive doubling,
+// halving-doubling, the fold steps, the compressed ring, top-k, the sparse allgatherv, the
+// barrier and the check-mode header exchange. No algorithm calls isend/irecv/wait itself, so
+// whatever wants to see every message (traffic counters today; telemetry, deadlines and traces
+// next) is written once, in `Channel` below.
 //
-// A schedule is a sequence of units. Unit u sends one segment to `dst` and receives one
-// segment from `src`, either straight into its final place (recv_into) or into one of `depth`
-// scratch slots, after which on_received(u, data) combines it (reduces it into the output).
+// A schedule is a sequence of units. Unit u sends up to kMaxPeers messages and receives up to
+// kMaxPeers messages, each received either straight into its final place (Transfer::buf set) or
+// into one of the engine's scratch slots, after which on_received(u, slots) combines it.
 //
 //   1. post the receives of units 0 .. depth-1
-//   2. for each unit u in order: post its send; wait for its receive (and for its send, if
-//      the result overwrites what it sends); on_received(u);
-//      post the receive of unit u + depth into the slot just freed
-//   3. wait for all sends
+//   2. for each unit u in order:
+//        before_send(u)        (lazy work the sends need: encode, select)
+//        post its sends        (at most 2 * depth * kMaxPeers sends stay outstanding: back-pressure)
+//        wait for its receives (and for its sends first when `wait_sends_first`)
+//        on_received(u, slots) (combine; called for every unit, with or without slot receives)
+//        post the receives of unit u + depth into the slots just freed
+//   3. wait for every send
 //
-// The send of unit u may read anything produced by units < u, so a schedule only has to list
-// its units in dependency order. Receives posted `depth` ahead let the transfer of the next
-// segments overlap the reduction of this one, and slots of one segment keep the received data
-// in cache while it is reduced.
+// The sends of unit u may read anything produced by units < u, so a schedule only has to list
+// its units in dependency order; to let a rank compute while its next messages are on the wire,
+// a schedule pairs the send of message v with the receive of message v - skew (the compressed
+// ring and top-k do). Receives posted `depth` ahead let the transfer of the next segments overlap
+// the reduction of this one; slots of one segment keep the received data in cache.
+//
+// Schedule interface (derive from ScheduleBase for the defaults):
+//   std::size_t num_units() const;
+//   std::size_t max_recv_bytes() const;      // the largest receive that lands in a slot
+//   Unit unit(std::size_t u) const;          // pure: may be called more than once per unit
+//   void before_send(std::size_t u);         // once per unit, in order
+//   void on_received(std::size_t u, const Slots& slots);   // once per unit, in order
 #pragma once
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 
 #include "collectives/options.h"
 #include "comm/communicator.h"
@@ -50,79 +64,127 @@ inline int mod(int a, int p) { return ((a % p) + p) % p; }
 
 inline int pipeline_depth(const PipelineOptions& o) { return o.depth > 0 ? o.depth : default_pipeline_depth(); }
 
-struct Unit {
-  const void* send = nullptr;
-  std::size_t send_bytes = 0;
-  int dst = -1;
-  void* recv_into = nullptr;  // null: receive into a scratch slot and call on_received
-  std::size_t recv_bytes = 0;
-  int src = -1;
-  // on_received overwrites the memory this unit sends (recursive doubling): wait for the send
-  // to finish before combining.
-  bool send_overlaps_result = false;
-};
-
-// Schedule: `Unit unit(std::size_t u)` and `void on_received(std::size_t u, const void* data)`.
-template <typename Schedule>
-void run_pipeline(Communicator& comm, Schedule& schedule, std::size_t num_units,
-                  std::size_t max_recv_bytes, const PipelineOptions& options, int tag) {
-  if (num_units == 0) return;
-  constexpr std::size_t kMaxDepth = 16;
-  const std::size_t depth = std::min<std::size_t>(pipeline_depth(options), kMaxDepth);
-  auto* slots = static_cast<unsigned char*>(comm.scratch(depth * max_recv_bytes, /*slot=*/0));
-  // Fixed-size rings instead of containers: a small message must not pay for allocations.
-  Request recvs[kMaxDepth];
-  void* recv_ptr[kMaxDepth] = {};
-  Request sends[2 * kMaxDepth];
-  std::size_t sends_begin = 0, sends_end = 0;  // ring of outstanding sends
-  Request overlapping_send;
-
-  auto post_recv = [&](std::size_t u) {
-    if (u >= num_units) return;
-    const Unit unit = schedule.unit(u);
-    const std::size_t s = u % depth;
-    recv_ptr[s] = unit.recv_into ? unit.recv_into : slots + s * max_recv_bytes;
-    if (unit.recv_bytes == 0) return;
-    ZCOLL_CHECK_LE(unit.recv_bytes, max_recv_bytes, "segment larger than its slot");
-    recvs[s] = comm.irecv(recv_ptr[s], unit.recv_bytes, unit.src, tag);
-  };
-
-  for (std::size_t u = 0; u < depth; ++u) post_recv(u);
-  for (std::size_t u = 0; u < num_units; ++u) {
-    const Unit unit = schedule.unit(u);
-    if (unit.send_bytes) {
-      Request r = comm.isend(unit.send, unit.send_bytes, unit.dst, tag);
-      if (unit.send_overlaps_result) {
-        overlapping_send = r;
-      } else {
-        if (sends_end - sends_begin == 2 * depth) comm.wait(sends[sends_begin++ % (2 * depth)]);
-        sends[sends_end++ % (2 * depth)] = r;
-      }
-    }
-    const std::size_t s = u % depth;
-    comm.wait(recvs[s]);
-    comm.wait(overlapping_send);
-    if (unit.recv_bytes && !unit.recv_into) schedule.on_received(u, recv_ptr[s]);
-    post_recv(u + depth);
-  }
-  while (sends_begin != sends_end) comm.wait(sends[sends_begin++ % (2 * depth)]);
-}
-
-// Tags keep the phases of one call apart; calls on one communicator are ordered, so
-// messages of consecutive calls cannot be confused either.
+// Message tags: one per phase, so the phases of one call never match each other's messages.
+// Calls on one communicator are ordered (every rank issues them in the same order) and MPI keeps
+// the order of messages between a pair with one tag, so consecutive calls cannot be confused
+// either. Every tag of zcoll lives here.
 enum Tag : int {
-  kTagRingReduceScatter = 100,
-  kTagRingAllgather,
+  kTagRingReduceScatter = 100,  // ring reduce-scatter steps (and the fused ring allreduce)
+  kTagRingAllgather,            // ring allgather steps, allgatherv
   kTagRecursiveDoubling,
-  kTagFoldIn,
+  kTagFoldIn,                   // the pre/post steps of non-powers of two (fold.h)
   kTagFoldOut,
   kTagHalving,
   kTagDoubling,
   kTagTreeReduce,
   kTagTreeBroadcast,
   kTagBarrier,
-  kTagCheck,
-  kTagSparsePairs,
+  kTagCheck,                    // the check-mode header exchange (check_args.cc)
+  kTagSparsePairs,              // top-k (index, value) blocks
+  kTagCompressedRing,           // compressed ring payloads
 };
+
+// Up to two peers per unit: what a binary tree needs (two children); every other schedule uses one.
+inline constexpr int kMaxPeers = 2;
+
+struct Transfer {
+  const void* buf = nullptr;  // send: the bytes to send; receive: where they land (null: a slot)
+  std::size_t bytes = 0;      // 0: no message
+  int peer = -1;
+};
+
+struct Unit {
+  Transfer send[kMaxPeers];
+  Transfer recv[kMaxPeers];
+  // on_received overwrites what this unit sends (recursive doubling): wait for the sends first.
+  bool wait_sends_first = false;
+
+  // The common case: one send to dst and one receive from src (recv_into null: into a slot).
+  static Unit exchange(const void* send_buf, std::size_t send_bytes, int dst, void* recv_into,
+                       std::size_t recv_bytes, int src) {
+    Unit u;
+    u.send[0] = {send_buf, send_bytes, dst};
+    u.recv[0] = {recv_into, recv_bytes, src};
+    return u;
+  }
+};
+
+// Where the slot receives of a unit landed: data[i] for recv[i]; null unless recv[i] is a
+// non-empty receive into a slot.
+struct Slots {
+  const void* data[kMaxPeers] = {};
+};
+
+struct ScheduleBase {
+  void before_send(std::size_t) {}
+  void on_received(std::size_t, const Slots&) {}
+};
+
+// Every message of every schedule passes here: the one place that sees peer, bytes and tag.
+class Channel {
+ public:
+  Channel(Communicator& comm, int tag) : comm_(comm), tag_(tag) {}
+  Request send(const Transfer& t) { return comm_.isend(t.buf, t.bytes, t.peer, tag_); }
+  Request recv(void* buf, const Transfer& t) { return comm_.irecv(buf, t.bytes, t.peer, tag_); }
+  void complete(Request& r) { comm_.wait(r); }
+  Communicator& comm() { return comm_; }
+
+ private:
+  Communicator& comm_;
+  int tag_;
+};
+
+template <typename Schedule>
+void run_pipeline(Communicator& comm, Schedule& schedule, const PipelineOptions& options, Tag tag) {
+  const std::size_t num_units = schedule.num_units();
+  if (num_units == 0) return;
+  constexpr std::size_t kMaxDepth = 16;
+  constexpr std::size_t kMaxSends = 2 * kMaxDepth * kMaxPeers;
+  const std::size_t depth = std::min<std::size_t>(pipeline_depth(options), kMaxDepth);
+  const std::size_t max_recv = schedule.max_recv_bytes();
+  auto* slot_memory =
+      static_cast<unsigned char*>(comm.scratch(depth * kMaxPeers * max_recv, Scratch::kPipelineSlots));
+  Channel channel(comm, tag);
+  // Fixed-size rings instead of containers: a small message must not pay for allocations.
+  Request recvs[kMaxDepth][kMaxPeers];
+  Slots slots[kMaxDepth];
+  Request sends[kMaxSends];
+  std::size_t sends_begin = 0, sends_end = 0;  // ring of outstanding sends
+  const std::size_t send_window = 2 * depth * kMaxPeers;
+
+  auto post_recvs = [&](std::size_t u) {
+    if (u >= num_units) return;
+    const Unit unit = schedule.unit(u);
+    const std::size_t s = u % depth;
+    for (int i = 0; i < kMaxPeers; ++i) {
+      const Transfer& t = unit.recv[i];
+      void* slot = slot_memory + (s * kMaxPeers + i) * max_recv;
+      slots[s].data[i] = t.bytes && !t.buf ? slot : nullptr;
+      if (t.bytes == 0) continue;
+      if (!t.buf) ZCOLL_CHECK_LE(t.bytes, max_recv, "a receive larger than its slot");
+      recvs[s][i] = channel.recv(t.buf ? const_cast<void*>(t.buf) : slot, t);
+    }
+  };
+  auto wait_sends = [&](std::size_t keep) {
+    while (sends_end - sends_begin > keep) channel.complete(sends[sends_begin++ % kMaxSends]);
+  };
+
+  for (std::size_t u = 0; u < depth; ++u) post_recvs(u);
+  for (std::size_t u = 0; u < num_units; ++u) {
+    schedule.before_send(u);
+    const Unit unit = schedule.unit(u);
+    for (const Transfer& t : unit.send) {
+      if (t.bytes == 0) continue;
+      wait_sends(send_window - 1);
+      sends[sends_end++ % kMaxSends] = channel.send(t);
+    }
+    if (unit.wait_sends_first) wait_sends(0);
+    const std::size_t s = u % depth;
+    for (Request& r : recvs[s]) channel.complete(r);
+    schedule.on_received(u, slots[s]);
+    post_recvs(u + depth);
+  }
+  wait_sends(0);
+}
 
 }  // namespace zcoll::detail

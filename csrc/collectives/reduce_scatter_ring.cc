@@ -11,8 +11,8 @@ namespace zcoll {
 
 void reduce_scatter_ring(Communicator& comm, const void* in, void* out, std::size_t count,
                          DType dtype, ReduceOp op, const PipelineOptions& pipeline) {
-  // Partial sums of the chunks other ranks finish; slot 1 (slot 0 holds the pipeline's slots).
-  void* partial = comm.scratch(count * dtype_size(dtype), /*slot=*/1);
+  // Partial sums of the chunks other ranks finish.
+  void* partial = comm.scratch(count * dtype_size(dtype), Scratch::kPartial);
   detail::ring_reduce_scatter_phase(comm, in, partial, out, count, dtype, op, /*shift=*/-1, pipeline);
 }
 

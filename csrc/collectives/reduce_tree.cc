@@ -11,7 +11,7 @@ namespace zcoll {
 void reduce_tree(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                  ReduceOp op, int root, const PipelineOptions& pipeline) {
   const detail::BinaryTree tree = detail::make_tree(comm.rank(), comm.size(), root);
-  void* acc = comm.rank() == root ? out : comm.scratch(count * dtype_size(dtype), /*slot=*/1);
+  void* acc = comm.rank() == root ? out : comm.scratch(count * dtype_size(dtype), Scratch::kPartial);
   detail::tree_reduce_phase(comm, tree, in, acc, count, dtype, op, pipeline);
 }
 

@@ -31,8 +31,8 @@ Unit RingReduceScatterSteps::unit(int step, std::size_t seg) const {
   const Range send = layout_.segment(layout_.send_chunk(step), seg);
   const Range recv = layout_.segment(layout_.recv_chunk(step), seg);
   const unsigned char* send_base = step == 0 ? in_ : partial_;
-  return Unit{send_base + send.begin * es, send.count * es, layout_.next(),
-              nullptr,                     recv.count * es, layout_.prev()};
+  return Unit::exchange(send_base + send.begin * es, send.count * es, layout_.next(), nullptr, recv.count * es,
+                        layout_.prev());
 }
 
 void RingReduceScatterSteps::on_received(int step, std::size_t seg_index, const void* data) {
@@ -55,20 +55,24 @@ Unit RingAllgatherSteps::unit(int step, std::size_t seg) const {
   const std::size_t es = layout_.elem_size();
   const Range send = layout_.segment(layout_.send_chunk(step), seg);
   const Range recv = layout_.segment(layout_.recv_chunk(step), seg);
-  return Unit{buf_ + send.begin * es, send.count * es, layout_.next(),
-              buf_ + recv.begin * es, recv.count * es, layout_.prev()};
+  return Unit::exchange(buf_ + send.begin * es, send.count * es, layout_.next(), buf_ + recv.begin * es,
+                        recv.count * es, layout_.prev());
 }
 
 namespace {
 
 // Step-major order: all segments of step 0, then of step 1, ...
 template <typename Steps, bool kReduces>
-struct StepMajor {
+struct StepMajor : ScheduleBase {
   Steps& steps;
-  std::size_t nseg;
+  std::size_t nseg, steps_count;
+  StepMajor(Steps& s, int p) : steps(s), nseg(s.num_segments()), steps_count(static_cast<std::size_t>(p - 1)) {}
+  std::size_t num_units() const { return steps_count * nseg; }
+  std::size_t max_recv_bytes() const { return kReduces ? steps.max_segment_bytes() : 0; }
   Unit unit(std::size_t u) const { return steps.unit(static_cast<int>(u / nseg), u % nseg); }
-  void on_received(std::size_t u, const void* data) {
-    if constexpr (kReduces) steps.on_received(static_cast<int>(u / nseg), u % nseg, data);
+  void on_received(std::size_t u, const Slots& slots) {
+    if constexpr (kReduces)
+      if (slots.data[0]) steps.on_received(static_cast<int>(u / nseg), u % nseg, slots.data[0]);
   }
 };
 
@@ -78,17 +82,15 @@ void ring_reduce_scatter_phase(Communicator& comm, const void* in, void* partial
                                std::size_t count, DType dtype, ReduceOp op, int shift,
                                const PipelineOptions& pipeline) {
   RingReduceScatterSteps steps(comm, in, partial, final_chunk, count, dtype, op, shift, pipeline);
-  StepMajor<RingReduceScatterSteps, true> schedule{steps, steps.num_segments()};
-  run_pipeline(comm, schedule, static_cast<std::size_t>(comm.size() - 1) * steps.num_segments(),
-               steps.max_segment_bytes(), pipeline, kTagRingReduceScatter);
+  StepMajor<RingReduceScatterSteps, true> schedule(steps, comm.size());
+  run_pipeline(comm, schedule, pipeline, kTagRingReduceScatter);
 }
 
 void ring_allgather_phase(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
-                          const PipelineOptions& pipeline) {
+                          const PipelineOptions& pipeline, Tag tag) {
   RingAllgatherSteps steps(comm, buf, count, dtype, shift, pipeline);
-  StepMajor<RingAllgatherSteps, false> schedule{steps, steps.num_segments()};
-  run_pipeline(comm, schedule, static_cast<std::size_t>(comm.size() - 1) * steps.num_segments(),
-               steps.max_segment_bytes(), pipeline, kTagRingAllgather);
+  StepMajor<RingAllgatherSteps, false> schedule(steps, comm.size());
+  run_pipeline(comm, schedule, pipeline, tag);
 }
 
 }  // namespace zcoll::detail

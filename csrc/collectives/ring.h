@@ -78,6 +78,6 @@ void ring_reduce_scatter_phase(Communicator& comm, const void* in, void* partial
                                std::size_t count, DType dtype, ReduceOp op, int shift,
                                const PipelineOptions& pipeline);
 void ring_allgather_phase(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
-                          const PipelineOptions& pipeline);
+                          const PipelineOptions& pipeline, Tag tag = kTagRingAllgather);
 
 }  // namespace zcoll::detail

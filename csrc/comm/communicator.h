@@ -18,6 +18,21 @@ struct Request {
   bool active = false;
 };
 
+// The communicator's reusable scratch areas, one per purpose, so that an algorithm calling
+// another (top-k's dense fallback runs a ring) never overwrites what its caller keeps.
+enum class Scratch : int {
+  kPipelineSlots = 0,   // the engine's receive slots (collectives/pipeline.h)
+  kPartial,             // partial sums of reduce-scatter / interior tree ranks
+  kCompressedPayloads,  // the compressed ring's per-segment payloads
+  kCodecFloats,         // float32 temporaries of a ring codec
+  kWidened,             // a 2-byte input widened to float32 (sparsifiers)
+  kSelection,           // sparsifier (index, value) selection
+  kWideResult,          // float32 result before rounding to a 2-byte output
+  kPairs,               // every rank's (index, value) pairs
+  kResidual,            // a scratch error-feedback residual (measure_error without one)
+  kCount
+};
+
 // Traffic counters, per communicator, for benchmarks and (later) monitoring.
 struct CommStats {
   std::uint64_t bytes_sent = 0;
@@ -40,12 +55,6 @@ class Communicator {
   // in flight. Also lets a transport without its own progress thread move messages along, so an
   // algorithm that computes between messages calls it now and then.
   virtual bool test(Request& request) = 0;
-  void wait_all(std::vector<Request>& requests) {
-    for (auto& r : requests) wait(r);
-    requests.clear();
-  }
-  void sendrecv(const void* send_buf, std::size_t send_bytes, int dst, void* recv_buf,
-                std::size_t recv_bytes, int src, int tag);
 
   // The transport's own allreduce (MPI_Allreduce for MPI), offered as algorithm "mpi" so that
   // users and benchmarks can compare side by side. Transports without one throw.
@@ -62,7 +71,7 @@ class Communicator {
   virtual SharedArena* shared_arena() { return nullptr; }
 
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
-  void* scratch(std::size_t bytes, int slot = 0);
+  void* scratch(std::size_t bytes, Scratch purpose);
 
   CommStats& stats() { return stats_; }
 
@@ -70,7 +79,7 @@ class Communicator {
   CommStats stats_;
 
  private:
-  std::vector<std::vector<unsigned char>> scratch_;
+  std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];
 };
 
 }  // namespace zcoll

@@ -74,14 +74,20 @@ MPI_Datatype half_datatype() {
   return type;
 }
 
+// The user ops of one dtype, created together on first use. A function-local static is
+// initialised exactly once even when two torch groups' worker threads ask at the same time.
 template <DType kType>
 MPI_Op kernel_mpi_op(ReduceOp op) {
-  static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-  static MPI_User_function* fns[4] = {kernel_op<ReduceOp::kSum, kType>, kernel_op<ReduceOp::kProd, kType>,
-                                      kernel_op<ReduceOp::kMin, kType>, kernel_op<ReduceOp::kMax, kType>};
-  const int i = op == ReduceOp::kAvg ? 0 : static_cast<int>(op);
-  if (ops[i] == MPI_OP_NULL) ZCOLL_MPI_CHECK(MPI_Op_create(fns[i], /*commute=*/1, &ops[i]));
-  return ops[i];
+  struct Ops {
+    MPI_Op op[4];
+    Ops() {
+      MPI_User_function* fns[4] = {kernel_op<ReduceOp::kSum, kType>, kernel_op<ReduceOp::kProd, kType>,
+                                   kernel_op<ReduceOp::kMin, kType>, kernel_op<ReduceOp::kMax, kType>};
+      for (int i = 0; i < 4; ++i) ZCOLL_MPI_CHECK(MPI_Op_create(fns[i], /*commute=*/1, &op[i]));
+    }
+  };
+  static const Ops ops;
+  return ops.op[op == ReduceOp::kAvg ? 0 : static_cast<int>(op)];
 }
 
 }  // namespace
@@ -144,24 +150,23 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   shm_allowed_ = env::get_bool(env::Var::kShm);
 }
 
-MpiCommunicator::~MpiCommunicator() {
-  try {
-    free();
-  } catch (...) {
-  }
-}
+// Never calls MPI: freeing a window or a communicator is collective, and destruction order
+// (garbage collection in Python) differs between ranks. A communicator not freed by free() is
+// left to MPI_Finalize (mpi4py's model; the Python layer warns).
+MpiCommunicator::~MpiCommunicator() = default;
 
 void MpiCommunicator::free() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) {
-    if (arena_window_ != MPI_WIN_NULL) MPI_Win_free(&arena_window_);
-    MPI_Comm_free(&comm_);
-  }
+  MPI_Win window = arena_window_;
+  MPI_Comm comm = comm_;
   arena_window_ = MPI_WIN_NULL;
   arena_.regions.clear();
   comm_ = MPI_COMM_NULL;
+  if (finalized) return;
+  if (window != MPI_WIN_NULL) ZCOLL_MPI_CHECK(MPI_Win_free(&window));
+  ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
 }
 
 SharedArena* MpiCommunicator::shared_arena() {

@@ -39,7 +39,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
   int local_size() const { return local_size_; }
-  // Releases the MPI communicator now (also done by the destructor while MPI is alive).
+  // Releases the MPI communicator and the shared window (collective: every rank calls it).
+  // Idempotent. The destructor never does this (see mpi_communicator.cc).
   void free();
 
  private:
