@@ -740,7 +740,7 @@ def test_kernels_perf_binary_runs():
     )
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line and not line.startswith("#")][1:]
-    assert len(rows) == 2 * 18 and any("quantize int8" in r for r in rows)
+    assert len(rows) == 2 * 23 and any("quantize int8" in r for r in rows)
     assert all(r.split()[-1] == "0" for r in rows), out.stdout  # #wrong: bit-identical to the reference
     bad = subprocess.run([exe, "--no-such-flag"], check=False, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown flag" in bad.stderr
