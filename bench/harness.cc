@@ -448,9 +448,9 @@ void reduce_expected(void* dst, std::size_t dst_index, std::size_t src_index, DT
   store_value(acc, 0, input_value(src_index, 0, op), dtype);
   for (int r = 1; r < p; ++r) {
     store_value(next, 0, input_value(src_index, r, op), dtype);
-    kernels::scalar::reduce(acc, acc, next, 1, dtype, op);
+    kernels::reduce(acc, acc, next, 1, dtype, op, kernels::KernelImpl::kScalar);
   }
-  if (op == ReduceOp::kAvg) kernels::scalar::divide(acc, 1, dtype, p);
+  if (op == ReduceOp::kAvg) kernels::divide(acc, 1, dtype, p, kernels::KernelImpl::kScalar);
   std::memcpy(static_cast<unsigned char*>(dst) + dst_index * es, acc, es);
 }
 

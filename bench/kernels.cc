@@ -1,8 +1,10 @@
-// zcoll_kernels_perf: single-core throughput of the compression kernels (kernels/quantize.h,
-// kernels/sparsify.h) next to memcpy measured in the same run.
+// zcoll_kernels_perf: single-core throughput of the CPU kernels (kernels/reduce.h,
+// kernels/quantize.h, kernels/sparsify.h) next to memcpy measured in the same run, for the kernel
+// table --impl names (kernels/kernel_table.h).
 //
 // Purpose: say how close each kernel runs to memory speed, in GB/s of float32 input (4 bytes per
-// element, GB = 1e9 B) and as a ratio to memcpy of the same float32 buffer.
+// element, GB = 1e9 B; a row on 16-bit data counts its elements the same way) and as a ratio to
+// memcpy of the same float32 buffer.
 // Method:
 //   1. per size: N(0,1)-like data with per-256-block magnitudes spread over 1e-3..1e3;
 //   2. check: every kernel once with the chosen implementation and once with the scalar
@@ -22,7 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "common/half.h"
+#include "kernels/kernel_table.h"
 #include "kernels/quantize.h"
+#include "kernels/reduce.h"
 #include "kernels/simd_level.h"
 #include "kernels/sparsify.h"
 
@@ -42,7 +47,7 @@ struct Options {
 void usage() {
   std::puts(
       "usage: zcoll_kernels_perf [-s SIZES] [-r ROUNDS] [-i IMPL] [-k NAMES] [-d DENSITY] [--no-check]\n"
-      "Single-core throughput of the compression kernels, GB/s of float32 input, next to memcpy.\n"
+      "Single-core throughput of the CPU kernels, GB/s of float32 input, next to memcpy.\n"
       "  -s, --sizes SIZES    comma-separated byte sizes of the float32 input, K/M/G suffixes\n"
       "                       (default 256K,64M)\n"
       "  -r, --rounds N       timing rounds, the median is reported (default 11)\n"
@@ -109,12 +114,15 @@ Options parse(int argc, char** argv) {
 }
 
 // One row: run(impl) does the work once; reset() restores what run() modifies in place;
-// output() is the bytes the check compares.
+// output() is the bytes the check compares. reset_each_call: repeated runs would drift into
+// data that times differently (divide shrinks values into denormals), so the timing resets
+// before every call, outside the timed region.
 struct Kernel {
   std::string name;
   std::function<void(KernelImpl)> run;
   std::function<void()> reset;
   std::function<std::vector<std::uint8_t>()> output;
+  bool reset_each_call = false;
 };
 
 template <typename T>
@@ -137,6 +145,9 @@ struct Data {
   std::vector<std::uint8_t> c8, c4, c1, cin8, cin4, cout8;
   std::vector<float> s, sin8, sin4, sout;
   std::vector<std::uint16_t> h;
+  std::vector<bfloat16_t> bx, bx2;  // x, x2 rounded to bfloat16 / float16 (reduce, divide inputs)
+  std::vector<float16_t> fx, fx2;
+  std::vector<std::uint16_t> hio;  // in/out of divide
   std::vector<std::uint32_t> idx, sidx;  // outputs; scatter-add input (random-k indices)
   std::vector<float> val, sval;
   float thr = 0;
@@ -176,6 +187,18 @@ struct Data {
     quantize(x2.data(), DType::kFloat32, n, QuantParams{8}, cin8.data(), sin8.data(), KernelImpl::kScalar);
     quantize(x2.data(), DType::kFloat32, n, QuantParams{4}, cin4.data(), sin4.data(), KernelImpl::kScalar);
     h.assign(n, 0);
+    bx.resize(n);
+    bx2.resize(n);
+    fx.resize(n);
+    fx2.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      bx[i] = from_float<bfloat16_t>(x[i]);
+      bx2[i] = from_float<bfloat16_t>(x2[i]);
+      fx[i] = from_float<float16_t>(x[i] * 1e-3f);  // mostly within float16's range
+      fx2[i] = from_float<float16_t>(x2[i] * 1e-3f);
+    }
+    hio.assign(reinterpret_cast<const std::uint16_t*>(bx.data()),
+               reinterpret_cast<const std::uint16_t*>(bx.data()) + n);
     idx.assign(capacity(), 0);
     val.assign(capacity(), 0.0f);
     sidx.assign(k, 0);
@@ -199,6 +222,28 @@ std::vector<Kernel> kernels(Data& d, double density) {
                   },
                   [] {}, [&d, codes] { return concat(*codes, d.s); }});
   };
+  ks.push_back({"reduce sum float32",
+                [&d, n](KernelImpl i) {
+                  reduce(d.dst.data(), d.x.data(), d.x2.data(), n, DType::kFloat32, ReduceOp::kSum, i);
+                },
+                none, [&d] { return bytes_of(d.dst); }});
+  ks.push_back({"reduce sum bfloat16",
+                [&d, n](KernelImpl i) {
+                  reduce(d.h.data(), d.bx.data(), d.bx2.data(), n, DType::kBFloat16, ReduceOp::kSum, i);
+                },
+                none, [&d] { return bytes_of(d.h); }});
+  ks.push_back({"reduce max float16",
+                [&d, n](KernelImpl i) {
+                  reduce(d.h.data(), d.fx.data(), d.fx2.data(), n, DType::kFloat16, ReduceOp::kMax, i);
+                },
+                none, [&d] { return bytes_of(d.h); }});
+  ks.push_back({"divide bfloat16 by 3 (avg)",
+                [&d, n](KernelImpl i) { divide(d.hio.data(), n, DType::kBFloat16, 3, i); },
+                [&d, n] {
+                  const auto* b = reinterpret_cast<const std::uint16_t*>(d.bx.data());
+                  d.hio.assign(b, b + n);
+                },
+                [&d] { return bytes_of(d.hio); }, /*reset_each_call=*/true});
   quant("quantize int8", q8, &d.c8);
   quant("quantize int8 stochastic", sr8, &d.c8);
   quant("quantize int4", q4, &d.c4);
@@ -233,6 +278,10 @@ std::vector<Kernel> kernels(Data& d, double density) {
       {"cast float32 -> float16",
        [&d, n](KernelImpl i) { cast(d.x.data(), DType::kFloat32, d.h.data(), DType::kFloat16, n, i); }, none,
        [&d] { return bytes_of(d.h); }});
+  ks.push_back(
+      {"cast bfloat16 -> float32",
+       [&d, n](KernelImpl i) { cast(d.bx.data(), DType::kBFloat16, d.dst.data(), DType::kFloat32, n, i); },
+       none, [&d] { return bytes_of(d.dst); }});
   char pct_buf[32];
   std::snprintf(pct_buf, sizeof pct_buf, "%g%%", 100.0 * density);
   const std::string pct = pct_buf;
@@ -316,12 +365,23 @@ long run_size(std::size_t bytes, const Options& o) {
   const int inner = static_cast<int>(std::max<std::size_t>(1, (std::size_t(6) << 20) / (d.n * 4)));
   std::vector<std::vector<double>> t(ks.size());
   for (auto& k : ks) k.run(o.impl);  // warm-up: page faults, caches
+  auto timed = [&o](Kernel& k, int calls) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) k.run(o.impl);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (int r = 0; r < o.rounds; ++r)
     for (std::size_t j = 0; j < ks.size(); ++j) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < inner; ++i) ks[j].run(o.impl);
-      const auto t1 = std::chrono::steady_clock::now();
-      t[j].push_back(std::chrono::duration<double>(t1 - t0).count() / inner);
+      double sec = 0;
+      if (ks[j].reset_each_call) {
+        for (int i = 0; i < inner; ++i) {
+          ks[j].reset();
+          sec += timed(ks[j], 1);
+        }
+      } else {
+        sec = timed(ks[j], inner);
+      }
+      t[j].push_back(sec / inner);
       ks[j].reset();
     }
   double memcpy_gbs = 0;
@@ -345,13 +405,14 @@ long run_size(std::size_t bytes, const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
+  SimdLevel level;
   try {
     o = parse(argc, argv);
+    level = kernel_table(o.impl).level;  // an ISA this CPU lacks: an error here, not mid-run
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zcoll_kernels_perf: %s\n", e.what());
     return 2;
   }
-  const SimdLevel level = resolve(o.impl);
   std::printf("# zcoll_kernels_perf: 1 thread, kernels %s (detected %s), median of %d rounds\n",
               simd_level_name(level), simd_level_name(detected_simd_level()), o.rounds);
   std::printf(

@@ -1,18 +1,21 @@
 """Compression kernels through zcoll._C, single process (csrc/kernels/quantize.h, sparsify.h).
 
-Every SIMD copy is compared bit for bit with the scalar reference; the scalar reference is
-checked against the documented payload layout (decoded here in numpy), the error bounds,
-stochastic rounding's bias, the error-feedback invariant, and numpy's top-k / add.at.
+Every kernel table (avx2, avx512, dispatch; those this CPU lacks are skipped with a reason, see
+kernel_tables.py) is compared bit for bit with the scalar reference, kernel by kernel; the
+scalar reference is checked against the documented payload layout (decoded here in numpy), the
+error bounds, stochastic rounding's bias, the error-feedback invariant, numpy's float16 /
+bfloat16 conversions, and numpy's top-k / add.at.
 """
 
 import numpy as np
 import pytest
+from kernel_tables import IMPLS, SIMD_IMPLS, require
+from numerics import bf16_from_f32, random_bits
 from zcoll import _C as C
 
 F32, F16, BF16 = 0, 2, 3
-IMPLS = list(C.kernel_impls())  # "scalar" first, then what this CPU supports
-SIMD_IMPLS = [i for i in IMPLS if i != "scalar"] + ["dispatch"]
-SIZES = [0, 1, 7, 255, 256, 257, 1000, 4097, 1 << 20]
+# Around every vector width (8, 16) and block size (256), a prime (1009), and a large one.
+SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 255, 256, 257, 1000, 1009, 4097, 1 << 20]
 MODES = [(8, "nearest"), (8, "stochastic"), (4, "nearest"), (4, "stochastic"), (1, "nearest")]
 QMAX = {8: 127, 4: 7}
 
@@ -32,14 +35,6 @@ def bits_equal(a, b):
     return np.array_equal(a, b)
 
 
-def to_bf16(x):
-    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
-
-
 def widen_bf16(h):
     return (h.astype(np.uint32) << 16).view(np.float32)
 
@@ -52,7 +47,7 @@ def as_input(x32, dtype):
         with np.errstate(over="ignore"):
             h = x32.astype(np.float16)
         return h, h.astype(np.float32)
-    h = to_bf16(x32)
+    h = bf16_from_f32(x32)
     return h, widen_bf16(h)
 
 
@@ -129,47 +124,52 @@ def edge_values(n=4096):
 # ---- bit-identical SIMD vs scalar -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("impl", SIMD_IMPLS)
 @pytest.mark.parametrize("bits,rounding", MODES)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
-def test_quantize_simd_matches_scalar(n, bits, rounding, dtype):
-    x, _ = as_input(gradient(n), dtype)
-    ref = quantize(x, dtype, bits, rounding=rounding, seed=5, impl="scalar")
-    assert ref[2] == (0, -1)
-    for impl in SIMD_IMPLS:
+def test_quantize_simd_matches_scalar(bits, rounding, dtype, impl):
+    require(impl)
+    for n in SIZES:
+        x, _ = as_input(gradient(n), dtype)
+        ref = quantize(x, dtype, bits, rounding=rounding, seed=5, impl="scalar")
+        assert ref[2] == (0, -1)
         got = quantize(x, dtype, bits, rounding=rounding, seed=5, impl=impl)
-        assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]) and got[2] == ref[2], impl
+        assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]) and got[2] == ref[2], n
         assert bits_equal(
             dequantize(got[0], got[1], n, bits, impl=impl), dequantize(*ref[:2], n, bits, impl="scalar")
-        )
+        ), n
 
 
+@pytest.mark.parametrize("impl", SIMD_IMPLS)
 @pytest.mark.parametrize("block", [8, 16, 24, 40, 1000, 4096])
 @pytest.mark.parametrize("bits,rounding", MODES)
-def test_block_sizes_simd_matches_scalar(block, bits, rounding):
+def test_block_sizes_simd_matches_scalar(block, bits, rounding, impl):
+    require(impl)
     if bits == 1 and block % 8:
-        pytest.skip("sign needs a multiple of 8")
+        pytest.skip("sign needs a block size that is a multiple of 8")
     for n in (block - 1, block * 3 + 5, 4097):
         x = gradient(n)
         ref = quantize(x, F32, bits, block, rounding, seed=3, impl="scalar")
         y = np.linspace(-1, 1, n).astype(np.float32)
         yref = dequantize(ref[0], ref[1], n, bits, block, y=y, impl="scalar")
         assert bits_equal(yref, y + np_decode(ref[0], ref[1], n, bits, block))
-        for impl in SIMD_IMPLS:
-            got = quantize(x, F32, bits, block, rounding, seed=3, impl=impl)
-            assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]), impl
-            assert bits_equal(dequantize(got[0], got[1], n, bits, block, y=y, impl=impl), yref), impl
+        got = quantize(x, F32, bits, block, rounding, seed=3, impl=impl)
+        assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]), n
+        assert bits_equal(dequantize(got[0], got[1], n, bits, block, y=y, impl=impl), yref), n
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bits,rounding", MODES)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
-def test_edge_values(bits, rounding, dtype):
+def test_edge_values(bits, rounding, dtype, impl):
+    require(impl)
     x, x32 = as_input(edge_values(), dtype)
     n = x.size
     ref = quantize(x, dtype, bits, rounding=rounding, impl="scalar")
-    for impl in SIMD_IMPLS:
+    if impl != "scalar":
         got = quantize(x, dtype, bits, rounding=rounding, impl=impl)
         assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]), impl
+        return
     if dtype != F32:
         return  # 3e38 overflows float16 (flagged, see test_nonfinite_flagged)
     assert ref[2] == (0, -1)  # 3.4e38 is finite
@@ -249,7 +249,9 @@ def test_stochastic_rounding_unbiased(bits):
     assert worst[1] < worst[0] / 2  # shrinks like 1/sqrt(trials)
 
 
-def test_stochastic_rounding_reproducible_and_chunkable():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_stochastic_rounding_reproducible_and_chunkable(impl):
+    require(impl)
     x = gradient(10000)
     a = quantize(x, F32, 8, rounding="stochastic", seed=42)
     b = quantize(x, F32, 8, rounding="stochastic", seed=42)
@@ -258,48 +260,53 @@ def test_stochastic_rounding_reproducible_and_chunkable():
     nearest = quantize(x, F32, 8)
     assert not bits_equal(a[0], nearest[0])
     # A slice starting on a block boundary, with offset = its start, is coded like the whole.
-    for impl in IMPLS:
-        s = quantize(x[2560:7000].copy(), F32, 8, rounding="stochastic", seed=42, offset=2560, impl=impl)
-        assert bits_equal(s[0], a[0][2560:7000]) and bits_equal(s[1], a[1][10:28])
-        s4 = quantize(x[2560:7001].copy(), F32, 4, rounding="stochastic", seed=42, offset=2560, impl=impl)
-        w4 = quantize(x, F32, 4, rounding="stochastic", seed=42, impl=impl)
-        assert bits_equal(s4[0][:-1], w4[0][1280:3500])
+    s = quantize(x[2560:7000].copy(), F32, 8, rounding="stochastic", seed=42, offset=2560, impl=impl)
+    assert bits_equal(s[0], a[0][2560:7000]) and bits_equal(s[1], a[1][10:28])
+    s4 = quantize(x[2560:7001].copy(), F32, 4, rounding="stochastic", seed=42, offset=2560, impl=impl)
+    w4 = quantize(x, F32, 4, rounding="stochastic", seed=42, impl=impl)
+    assert bits_equal(s4[0][:-1], w4[0][1280:3500])
 
 
-@pytest.mark.parametrize("offset", [2**32 - 100, 2**32 - 3, 2**63 + 12345])
-def test_stochastic_rounding_counter_wraps(offset):
-    # the 64-bit counter offset + i crosses 2^32 inside a vector: every copy carries the same way
+@pytest.mark.parametrize("impl", SIMD_IMPLS)
+@pytest.mark.parametrize("offset", [2**32 - 100, 2**32 - 3, 2**32 - 17, 2**63 + 12345, 2**64 - 4097])
+def test_stochastic_rounding_counter_wraps(offset, impl):
+    # the 64-bit counter offset + i crosses 2^32 inside a vector: every table carries the same way
+    require(impl)
     x = gradient(4097)
     ref = quantize(x, F32, 8, rounding="stochastic", seed=1, offset=offset, impl="scalar")
-    for impl in SIMD_IMPLS:
-        got = quantize(x, F32, 8, rounding="stochastic", seed=1, offset=offset, impl=impl)
-        assert bits_equal(got[0], ref[0]), impl
+    got = quantize(x, F32, 8, rounding="stochastic", seed=1, offset=offset, impl=impl)
+    assert bits_equal(got[0], ref[0]), impl
     assert not bits_equal(ref[0], quantize(x, F32, 8, rounding="stochastic", seed=1, offset=offset + 1)[0])
 
 
 # ---- fused kernels ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 7, 257, 4097, 1 << 20])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bits,rounding", MODES)
-def test_dequantize_add(n, bits, rounding):
-    x = gradient(n)
-    codes, scales, _ = quantize(x, F32, bits, rounding=rounding)
-    y = np.random.default_rng(3).standard_normal(n).astype(np.float32)
-    expect = y + np_decode(codes, scales, n, bits, 256)  # float32 multiply, then add: same IEEE ops
-    for impl in IMPLS + ["dispatch"]:
-        assert bits_equal(dequantize(codes, scales, n, bits, y=y, impl=impl), expect), impl
+def test_dequantize_add(bits, rounding, impl):
+    """Against the documented decode (numpy); that is the scalar reference's result too."""
+    require(impl)
+    for n in SIZES:
+        x = gradient(n)
+        codes, scales, _ = quantize(x, F32, bits, rounding=rounding, impl="scalar")
+        y = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+        expect = y + np_decode(codes, scales, n, bits, 256)  # float32 multiply, then add: same IEEE ops
+        assert bits_equal(dequantize(codes, scales, n, bits, y=y, impl=impl), expect), n
+        assert bits_equal(dequantize(codes, scales, n, bits, y=y, impl="scalar"), expect), n
 
 
-@pytest.mark.parametrize("n", [1, 255, 4097, 1 << 20])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bits,rounding", MODES)
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_dequantize_add_quantize(n, bits, rounding, dtype):
-    cin, sin, _ = quantize(gradient(n, seed=3), F32, bits)
-    x, x32 = as_input(gradient(n, seed=4), dtype)
-    s_expect = np_decode(cin, sin, n, bits, 256) + x32
-    ref = quantize(s_expect, F32, bits, rounding=rounding, seed=9, offset=77)
-    for impl in IMPLS + ["dispatch"]:
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_dequantize_add_quantize(bits, rounding, dtype, impl):
+    """One ring hop equals decode (numpy) + add, then quantize with the scalar reference."""
+    require(impl)
+    for n in SIZES:
+        cin, sin, _ = quantize(gradient(n, seed=3), F32, bits, impl="scalar")
+        x, x32 = as_input(gradient(n, seed=4), dtype)
+        s_expect = np_decode(cin, sin, n, bits, 256) + x32
+        ref = quantize(s_expect, F32, bits, rounding=rounding, seed=9, offset=77, impl="scalar")
         cout = np.zeros_like(ref[0])
         sout = np.zeros_like(ref[1])
         total = np.zeros(n, np.float32)
@@ -358,109 +365,151 @@ def quantize_ef(g, e, dtype, bits, rounding="nearest", seed=0, impl="dispatch"):
     return codes, scales, st
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bits,rounding", MODES)
-@pytest.mark.parametrize("n", [1, 1000, 4097, 1 << 18])
-def test_error_feedback_invariant(bits, rounding, n):
-    e = {impl: np.zeros(n, np.float32) for impl in IMPLS}
-    sum_g = np.zeros(n, np.float64)
-    sum_d = np.zeros(n, np.float64)
-    for step in range(5):
-        g = gradient(n, seed=100 + step)
-        sum_g += g
-        outs = {}
-        for impl in IMPLS:
-            r = g + e[impl]  # what the kernel codes
-            codes, scales, st = quantize_ef(g, e[impl], F32, bits, rounding, seed=step, impl=impl)
+def test_error_feedback_invariant(bits, rounding, impl):
+    """Five steps of error feedback: codes Q(g + e), residuals bit-identical to the scalar
+    reference's, and sent + owed == the sum of the gradients."""
+    require(impl)
+    for n in [s for s in SIZES if 0 < s < 1 << 20] + [1 << 18]:
+        e, e_ref = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        sum_g = np.zeros(n, np.float64)
+        sum_d = np.zeros(n, np.float64)
+        for step in range(5):
+            g = gradient(n, seed=100 + step)
+            sum_g += g
+            r = g + e  # what the kernel codes
+            codes, scales, st = quantize_ef(g, e, F32, bits, rounding, seed=step, impl=impl)
             assert st == (0, -1)
-            ref = quantize(r, F32, bits, rounding=rounding, seed=step, impl="scalar")
-            assert bits_equal(codes, ref[0]) and bits_equal(scales, ref[1])  # codes Q(g + e)
-            outs[impl] = (codes, scales, e[impl].copy())
-        for impl in IMPLS[1:]:
-            assert all(bits_equal(a, b) for a, b in zip(outs[impl], outs["scalar"])), impl
-        codes, scales, _ = outs["scalar"]
-        sum_d += np_decode(codes, scales, n, bits, 256)
-    # sum of what was sent + what is still owed == sum of the gradients (float rounding only)
-    scale = np.abs(sum_g).max()
-    np.testing.assert_allclose(sum_d + e["scalar"], sum_g, rtol=0, atol=scale * 5 * 2**-21)
+            ref = quantize_ef(g, e_ref, F32, bits, rounding, seed=step, impl="scalar")
+            assert bits_equal(codes, ref[0]) and bits_equal(scales, ref[1]) and bits_equal(e, e_ref), (
+                n,
+                step,
+            )
+            q = quantize(r, F32, bits, rounding=rounding, seed=step, impl="scalar")
+            assert bits_equal(codes, q[0]) and bits_equal(scales, q[1])  # codes Q(g + e)
+            sum_d += np_decode(codes, scales, n, bits, 256)
+        # sum of what was sent + what is still owed == sum of the gradients (float rounding only)
+        scale = np.abs(sum_g).max()
+        np.testing.assert_allclose(sum_d + e, sum_g, rtol=0, atol=scale * 5 * 2**-21)
 
 
-def test_error_feedback_half_gradients():
-    for dtype in (F16, BF16):
-        g, g32 = as_input(gradient(4097), dtype)
-        e0 = gradient(4097, seed=9) * np.float32(0.01)
-        outs = []
-        for impl in IMPLS:
-            e = e0.copy()
-            codes, scales, _ = quantize_ef(g, e, dtype, 8, impl=impl)
-            outs.append((codes, scales, e))
-            d = np_decode(codes, scales, 4097, 8, 256)
-            assert bits_equal(e, (g32 + e0) - d)
-        assert all(all(bits_equal(a, b) for a, b in zip(o, outs[0])) for o in outs)
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_error_feedback_half_gradients(dtype, impl):
+    require(impl)
+    for n in SIZES:
+        g, g32 = as_input(gradient(n), dtype)
+        e0 = gradient(n, seed=9) * np.float32(0.01)
+        e, e_ref = e0.copy(), e0.copy()
+        codes, scales, _ = quantize_ef(g, e, dtype, 8, impl=impl)
+        ref = quantize_ef(g, e_ref, dtype, 8, impl="scalar")
+        assert bits_equal(codes, ref[0]) and bits_equal(scales, ref[1]) and bits_equal(e, e_ref), n
+        assert bits_equal(e, (g32 + e0) - np_decode(codes, scales, n, 8, 256)), n
 
 
 # ---- casts ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 17, 1000, 4097])
-def test_casts(n):
+def cast_inputs(n):
+    """float32 values for the narrowing casts: gradients, the edges of float16's range (overflow,
+    ties, subnormal results), and every third block of 8 random bit patterns (NaN payloads,
+    infinities, subnormals)."""
     x = gradient(n) * np.float32(1e-3)
-    if n >= 17:
-        x[:8] = [np.inf, -np.inf, np.nan, 65520.0, 65519.0, 1e-8, -0.0, 3e38]
-    for impl in IMPLS + ["dispatch"]:
-        h = np.zeros(n, np.uint16)
-        C.cast(addr(x), F32, addr(h), F16, n, impl=impl)
+    bits = random_bits(np.random.default_rng(n), n, "float32")
+    mask = (np.arange(n) // 8) % 3 == 2
+    x[mask] = bits[mask]
+    edges = np.array(
+        [
+            np.inf,
+            -np.inf,
+            np.nan,
+            65520.0,
+            65519.0,
+            1e-8,
+            -0.0,
+            3e38,
+            2.0**-25,
+            2.0**-24 * 1.5,
+            1.0 + 2.0**-11,
+        ],
+        np.float32,
+    )
+    k = min(n, edges.size)
+    x[:k] = edges[:k]
+    return x
+
+
+def cast(x, from_code, to_code, out_dtype, impl):
+    y = np.zeros(x.size, out_dtype)
+    C.cast(addr(x), from_code, addr(y), to_code, x.size, impl=impl)
+    return y
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_casts(impl):
+    """float32 -> float16 / bfloat16 against numpy's rounding (float16) and the bfloat16 spec,
+    and back (exact); every table against the scalar reference, bit for bit."""
+    require(impl)
+    for n in SIZES:
+        x = cast_inputs(n)
+        h = cast(x, F32, F16, np.float16, impl)
         with np.errstate(over="ignore"):
             ref = x.astype(np.float16)
-        assert np.array_equal(np.isnan(h.view(np.float16)), np.isnan(ref))
-        assert bits_equal(h.view(np.float16), ref), impl
-        b = np.zeros(n, np.uint16)
-        C.cast(addr(x), F32, addr(b), BF16, n, impl=impl)
-        assert np.array_equal(b, to_bf16(x)), impl
+        assert bits_equal(h, ref), n
+        b = cast(x, F32, BF16, np.uint16, impl)
+        assert np.array_equal(b, bf16_from_f32(x)), n
         for src, code, expect in ((h, F16, ref.astype(np.float32)), (b, BF16, widen_bf16(b))):
-            y = np.zeros(n, np.float32)
-            C.cast(addr(src), code, addr(y), F32, n, impl=impl)
-            assert bits_equal(y, expect), impl
+            y = cast(src, code, F32, np.float32, impl)
+            assert bits_equal(y, expect), n
+            assert np.array_equal(
+                y.view(np.uint32), cast(src, code, F32, np.float32, "scalar").view(np.uint32)
+            )
+        # NaN payloads included, every table rounds like the scalar reference
+        assert np.array_equal(h.view(np.uint16), cast(x, F32, F16, np.float16, "scalar").view(np.uint16)), n
+        assert np.array_equal(b, cast(x, F32, BF16, np.uint16, "scalar")), n
 
 
 # ---- NaN / Inf ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bits", [8, 4, 1])
-def test_nonfinite_flagged(bits):
+def test_nonfinite_flagged(bits, impl):
+    require(impl)
     n = 2048
     x = gradient(n)
     x[3 * 256 + 17] = np.nan
     x[5 * 256] = -np.inf
     x[7 * 256 + 255] = np.inf
-    for impl in IMPLS + ["dispatch"]:
-        codes, scales, st = quantize(x, F32, bits, impl=impl)
-        assert st == (3, 3), impl
-        bad = [3, 5, 7]
-        assert np.all(np.isnan(scales[bad])) and np.all(np.isfinite(np.delete(scales, bad)))
-        d = np_decode(codes, scales, n, bits, 256)
-        assert np.all(np.isnan(d.reshape(-1, 256)[bad])) and np.all(
-            np.isfinite(np.delete(d.reshape(-1, 256), bad, 0))
-        )
-        per_block = C.code_bytes(256, bits)
-        assert not codes.reshape(-1, per_block)[bad].any()  # codes 0
-        # error feedback and the ring hop report the same
-        e = np.zeros(n, np.float32)
-        assert quantize_ef(x, e, F32, bits, impl=impl)[2] == (3, 3)
-        assert np.all(np.isnan(e.reshape(-1, 256)[bad])) and np.all(
-            np.isfinite(np.delete(e.reshape(-1, 256), bad, 0))
-        )
-        good, gs, _ = quantize(gradient(n), F32, bits)
-        c2, s2 = np.zeros_like(codes), np.zeros_like(scales)
-        st = C.dequantize_add_quantize(
-            addr(good), addr(gs), addr(x), F32, n, addr(c2), addr(s2), bits=bits, impl=impl
-        )
-        assert st == (3, 3)
-        gs[1] = np.nan  # a poisoned incoming payload is caught too
-        fine = gradient(n)
-        st = C.dequantize_add_quantize(
-            addr(good), addr(gs), addr(fine), F32, n, addr(c2), addr(s2), bits=bits, impl=impl
-        )
-        assert st == (1, 1)
+    codes, scales, st = quantize(x, F32, bits, impl=impl)
+    assert st == (3, 3), impl
+    bad = [3, 5, 7]
+    assert np.all(np.isnan(scales[bad])) and np.all(np.isfinite(np.delete(scales, bad)))
+    d = np_decode(codes, scales, n, bits, 256)
+    assert np.all(np.isnan(d.reshape(-1, 256)[bad])) and np.all(
+        np.isfinite(np.delete(d.reshape(-1, 256), bad, 0))
+    )
+    per_block = C.code_bytes(256, bits)
+    assert not codes.reshape(-1, per_block)[bad].any()  # codes 0
+    # error feedback and the ring hop report the same
+    e = np.zeros(n, np.float32)
+    assert quantize_ef(x, e, F32, bits, impl=impl)[2] == (3, 3)
+    assert np.all(np.isnan(e.reshape(-1, 256)[bad])) and np.all(
+        np.isfinite(np.delete(e.reshape(-1, 256), bad, 0))
+    )
+    good, gs, _ = quantize(gradient(n), F32, bits)
+    c2, s2 = np.zeros_like(codes), np.zeros_like(scales)
+    st = C.dequantize_add_quantize(
+        addr(good), addr(gs), addr(x), F32, n, addr(c2), addr(s2), bits=bits, impl=impl
+    )
+    assert st == (3, 3)
+    gs[1] = np.nan  # a poisoned incoming payload is caught too
+    fine = gradient(n)
+    st = C.dequantize_add_quantize(
+        addr(good), addr(gs), addr(fine), F32, n, addr(c2), addr(s2), bits=bits, impl=impl
+    )
+    assert st == (1, 1)
 
 
 def test_overflowing_sum_flagged():
@@ -544,12 +593,22 @@ def np_topk(x, k):
     return np.sort(order)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "n,k",
     [
+        (0, 0),
         (1, 1),
         (7, 3),
+        (8, 8),
+        (9, 2),
+        (15, 1),
+        (16, 5),
+        (17, 17),
+        (31, 4),
+        (33, 10),
         (1000, 10),
+        (1009, 100),
         (4097, 41),
         (100000, 1000),
         (1 << 20, 10486),
@@ -558,19 +617,23 @@ def np_topk(x, k):
         (50000, 50000),
     ],
 )
-def test_topk_matches_numpy(n, k):
+def test_topk_matches_numpy(n, k, impl):
+    """Every table, both methods, against numpy's top-k and the scalar reference."""
+    require(impl)
     x = gradient(n, seed=n)
-    want = np.sort(np.argpartition(-np.abs(x), k - 1)[:k]) if k < n else np.arange(n)
+    want = np.sort(np.argpartition(-np.abs(x), k - 1)[:k]) if 0 < k < n else np.arange(k)
     assert np.array_equal(np_topk(x, k), want)  # no ties in this data: same as argpartition
     for method in ("exact", "sampled"):
-        for impl in IMPLS + ["dispatch"]:
-            idx, val = topk(x, k, method, impl=impl)
-            assert np.array_equal(idx, want), (method, impl)
-            assert bits_equal(val, x[idx])
+        idx, val = topk(x, k, method, impl=impl)
+        assert np.array_equal(idx, want), method
+        assert bits_equal(val, x[idx])
+        ref = topk(x, k, method, impl="scalar")
+        assert np.array_equal(idx, ref[0]) and bits_equal(val, ref[1]), method
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_topk_ties_and_specials(impl):
+    require(impl)
     n = 1 << 18
     rng = np.random.default_rng(5)
     x = rng.integers(-20, 21, n).astype(np.float32)  # massive ties: magnitudes 0..20
@@ -586,9 +649,11 @@ def test_topk_ties_and_specials(impl):
     assert np.isnan(val[0]) and np.isinf(val[1:]).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("k", [2621, 10486, 40000])
-def test_topk_mostly_zeros(k):
+def test_topk_mostly_zeros(k, impl):
     # 0.5% non-zeros (an embedding gradient): k beyond them must take the lowest-index zeros
+    require(impl)
     n = 1 << 20
     rng = np.random.default_rng(k)
     x = np.zeros(n, np.float32)
@@ -596,15 +661,14 @@ def test_topk_mostly_zeros(k):
     x[nz] = rng.standard_normal(nz.size)
     x[rng.choice(n, 100, replace=False)] = -0.0
     want = np_topk(x, k)
-    for impl in IMPLS:
-        for method in ("sampled", "exact"):
-            idx, val = topk(x, k, method, impl=impl)
-            assert np.array_equal(idx, want), (impl, method)
-            assert bits_equal(val, x[idx])
-        g, e = x.copy(), np.zeros(n, np.float32)
-        idx2, val2 = np.zeros(k, np.uint32), np.zeros(k, np.float32)
-        C.topk_ef(addr(g), addr(e), n, k, addr(idx2), addr(val2), impl=impl)
-        assert np.array_equal(idx2, want)
+    for method in ("sampled", "exact"):
+        idx, val = topk(x, k, method, impl=impl)
+        assert np.array_equal(idx, want), method
+        assert bits_equal(val, x[idx])
+    g, e = x.copy(), np.zeros(n, np.float32)
+    idx2, val2 = np.zeros(k, np.uint32), np.zeros(k, np.float32)
+    C.topk_ef(addr(g), addr(e), n, k, addr(idx2), addr(val2), impl=impl)
+    assert np.array_equal(idx2, want)
 
 
 def test_topk_sampled_seed_independent():
@@ -622,45 +686,61 @@ def test_topk_threshold_estimate():
         assert 0.8 * k < got < 1.2 * k, (k, got)
 
 
+def topk_ef(g, e0, k, method, impl):
+    """(idx, val, e) of topk_ef on a copy of the residual e0."""
+    e = e0.copy()
+    idx = np.zeros(k, np.uint32)
+    val = np.zeros(k, np.float32)
+    C.topk_ef(addr(g), addr(e), g.size, k, addr(idx), addr(val), method=method, impl=impl)
+    return idx, val, e
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("method", ["exact", "sampled"])
-@pytest.mark.parametrize("n,k", [(1, 1), (1000, 10), (1 << 20, 10486)])
-def test_topk_error_feedback(method, n, k):
+@pytest.mark.parametrize(
+    "n,k", [(0, 0), (1, 1), (8, 3), (9, 9), (17, 5), (33, 4), (1000, 10), (1009, 7), (1 << 20, 10486)]
+)
+def test_topk_error_feedback(method, n, k, impl):
+    require(impl)
     g = gradient(n, seed=1)
     e0 = gradient(n, seed=2) * np.float32(0.5)
     r = g + e0
-    want = np_topk(r, k)
-    for impl in IMPLS:
-        e = e0.copy()
-        idx = np.zeros(k, np.uint32)
-        val = np.zeros(k, np.float32)
-        C.topk_ef(addr(g), addr(e), n, k, addr(idx), addr(val), method=method, impl=impl)
-        assert np.array_equal(idx, want), impl
-        assert bits_equal(val, r[idx])
-        expect = r.copy()
-        expect[idx] = 0
-        assert bits_equal(e, expect)
+    idx, val, e = topk_ef(g, e0, k, method, impl)
+    assert np.array_equal(idx, np_topk(r, k))
+    assert bits_equal(val, r[idx])
+    expect = r.copy()
+    expect[idx] = 0
+    assert bits_equal(e, expect)
+    ref = topk_ef(g, e0, k, method, "scalar")
+    assert np.array_equal(idx, ref[0]) and bits_equal(val, ref[1]) and bits_equal(e, ref[2])
     # invariant: sent + residual == g + e_old
     full = np.zeros(n, np.float32)
     full[idx] = val
     assert bits_equal(full + e, r)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 1000, 4097, 1 << 20])
-def test_threshold(n):
-    x = gradient(n)
-    for t in (0.0, 1e-3, 1.0, 100.0, np.inf):
-        want = np.nonzero(np.abs(x) > t)[0]
-        for impl in IMPLS + ["dispatch"]:
-            cap = want.size + 3
-            idx = np.zeros(cap, np.uint32)
-            val = np.zeros(cap, np.float32)
-            c = C.threshold(addr(x), n, t, addr(idx), addr(val), cap, impl=impl)
-            assert c == want.size and np.array_equal(idx[:c], want) and bits_equal(val[:c], x[want]), impl
+def threshold(x, t, cap, impl):
+    idx = np.zeros(cap, np.uint32)
+    val = np.zeros(cap, np.float32)
+    c = C.threshold(addr(x), x.size, t, addr(idx), addr(val), cap, impl=impl)
+    return c, idx[: min(c, cap)], val[: min(c, cap)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_threshold(impl):
+    require(impl)
+    for n in SIZES:
+        x = gradient(n)
+        x[n // 2 : n // 2 + 3] = 1.0  # keys equal to a threshold: not selected (|x| > t only)
+        for t in (0.0, 1e-3, 1.0, 100.0, np.inf):
+            want = np.nonzero(np.abs(x) > t)[0]
+            c, idx, val = threshold(x, t, want.size + 3, impl)
+            assert c == want.size and np.array_equal(idx, want) and bits_equal(val, x[want]), (n, t)
+            ref = threshold(x, t, want.size + 3, "scalar")
+            assert c == ref[0] and np.array_equal(idx, ref[1]) and bits_equal(val, ref[2]), (n, t)
             if c >= 2:  # capacity: writes the first ones, still counts all
-                idx2 = np.zeros(1, np.uint32)
-                val2 = np.zeros(1, np.float32)
-                assert C.threshold(addr(x), n, t, addr(idx2), addr(val2), 1, impl=impl) == c
-                assert idx2[0] == want[0]
+                c1, idx1, _ = threshold(x, t, 1, impl)
+                assert c1 == c and idx1[0] == want[0]
 
 
 def test_randomk():
@@ -689,19 +769,22 @@ def test_randomk():
             assert np.array_equal(idx, np.arange(n)) and bits_equal(val, x)
 
 
-@pytest.mark.parametrize("m", [0, 1, 7, 1000, 100000])
-def test_scatter_add(m):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scatter_add(impl):
+    """In order, duplicates included: numpy's add.at in float32, and the scalar reference."""
+    require(impl)
     n = 5000
-    rng = np.random.default_rng(m)
-    idx = rng.integers(0, n, m).astype(np.uint32)  # with duplicates
-    val = rng.standard_normal(m).astype(np.float32)
-    y0 = rng.standard_normal(n).astype(np.float32)
-    want = y0.copy()
-    np.add.at(want, idx, val)  # in order, float32
-    for impl in IMPLS + ["dispatch"]:
-        y = y0.copy()
+    for m in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 1009, 100000]:
+        rng = np.random.default_rng(m)
+        idx = rng.integers(0, n, m).astype(np.uint32)  # with duplicates
+        val = rng.standard_normal(m).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        want = y0.copy()
+        np.add.at(want, idx, val)  # in order, float32
+        y, y_ref = y0.copy(), y0.copy()
         C.scatter_add(addr(y), n, addr(idx), addr(val), m, impl=impl)
-        assert bits_equal(y, want), impl
+        C.scatter_add(addr(y_ref), n, addr(idx), addr(val), m, impl="scalar")
+        assert bits_equal(y, want) and bits_equal(y, y_ref), m
 
 
 def test_sparse_roundtrip_through_scatter_add():
@@ -724,23 +807,52 @@ def _perf_binary():
     return here if os.path.exists(here) else shutil.which("zcoll_kernels_perf")
 
 
-def test_kernels_perf_binary_runs():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kernels_perf_binary_runs(impl):
+    """Every row (every kernel) runs with --impl, bit-identical to the scalar reference."""
     import subprocess
 
+    require(impl)
     exe = _perf_binary()
     assert exe, "zcoll_kernels_perf is not installed next to the Python executable or on PATH"
-    out = subprocess.run([exe, "--help"], check=False, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--sizes" in out.stdout
     out = subprocess.run(
-        [exe, "-s", "64K,12", "-r", "2", "-d", "0.05"],
+        [exe, "-s", "64K,12", "-r", "2", "-d", "0.05", "-i", impl],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
+    kernels = impl if impl != "dispatch" else C.simd_level()
+    assert f"kernels {kernels} (detected {C.detected_simd_level()})" in out.stdout.splitlines()[0]
     rows = [line for line in out.stdout.splitlines() if line and not line.startswith("#")][1:]
-    assert len(rows) == 2 * 18 and any("quantize int8" in r for r in rows)
+    names = {r[10:54].strip() for r in rows}
+    for kernel in (
+        "reduce",
+        "divide",
+        "quantize",
+        "dequantize",
+        "error feedback",
+        "cast",
+        "top-k",
+        "threshold",
+        "scatter-add",
+    ):
+        assert any(kernel in name for name in names), kernel
+    assert len(rows) == 2 * 23, out.stdout
     assert all(r.split()[-1] == "0" for r in rows), out.stdout  # #wrong: bit-identical to the reference
-    bad = subprocess.run([exe, "--no-such-flag"], check=False, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "unknown flag" in bad.stderr
+
+
+def test_kernels_perf_binary_arguments():
+    import subprocess
+
+    exe = _perf_binary()
+    assert exe, "zcoll_kernels_perf is not installed next to the Python executable or on PATH"
+    out = subprocess.run([exe, "--help"], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--sizes" in out.stdout
+    for args, message in (
+        (["--no-such-flag"], "unknown flag"),
+        (["-i", "avx1024"], "unknown kernel implementation"),
+    ):
+        bad = subprocess.run([exe, *args], check=False, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

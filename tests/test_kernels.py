@@ -1,12 +1,13 @@
 """The reduction kernels (zcoll._C.reduce_kernel / divide_kernel) against numpy, single process.
 
-Every implementation this CPU runs (scalar, avx2, avx512) and the dispatcher, every dtype and
-op, sizes around every vector width. The scalar kernel must equal the numpy reference bit for
-bit (NaN payloads aside for + and *, where IEEE leaves the payload to the hardware); every SIMD
-copy must equal the scalar kernel bit for bit, NaN payloads included. Inputs mix random bit
-patterns (NaN, inf, subnormals), values of similar magnitude (so sums round), and the cross
-product of edge values. The output is surrounded by guard elements that must stay untouched,
-and buffers start misaligned for some sizes.
+Every kernel table (scalar, avx2, avx512: those this CPU lacks are skipped with a reason, see
+kernel_tables.py) and the dispatcher, every dtype and op, sizes around every vector width. The
+scalar table must equal the numpy reference bit for bit (NaN payloads aside for + and *, where
+IEEE leaves the payload to the hardware); every other table must equal the scalar one bit for
+bit, NaN payloads included. Inputs mix random bit patterns (NaN, inf, subnormals), values of
+similar magnitude (so sums round), and the cross product of edge values. The output is
+surrounded by guard elements that must stay untouched, and buffers start misaligned for some
+sizes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from kernel_tables import IMPLS, ISAS, require
 from numerics import (
     DTYPE_CODES,
     DTYPES,
@@ -39,7 +41,6 @@ from numerics import (
 )
 from zcoll import _C
 
-IMPLS = list(_C.kernel_impls()) + ["dispatch"]
 SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 1009, 1 << 20]
 GUARD = 64  # elements on each side of the output (one 64-byte vector even for int8)
 SENTINEL = 0xA5
@@ -155,29 +156,34 @@ def assert_same(got, expected, dtype, what, nan_payload=True, any_nan_where=None
     assert ok.all(), f"{what}: " + describe_mismatch(got, expected, dtype, ok)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in ops_for(d)])
-def test_reduce_kernel(dtype, op):
+def test_reduce_kernel(dtype, op, impl):
+    """The scalar table against numpy; every other table against the scalar one."""
+    require(impl)
+    minmax = op in ("min", "max")
     for size in SIZES:
         a, b = operands(dtype, size, seed=size * 31 + DTYPE_CODES[dtype] * 7 + OP_CODES[op])
-        expected = reduce_pair(a, b, dtype, op)
         offset = size % 3
         scalar = run_reduce(a, b, dtype, op, "scalar", offset)
-        minmax = op in ("min", "max")
-        # + and * leave the payload of a NaN result to the hardware: any NaN matches numpy's.
-        assert_same(scalar, expected, dtype, f"scalar {dtype} {op} n={size} vs numpy", nan_payload=minmax)
-        # Between implementations: bitwise, NaN payloads included, except where a and b are both
-        # NaN in + and *: which payload wins then depends on the operand order the compiler
-        # emitted (x86 returns the first source's NaN), which C++ does not pin down.
+        if impl == "scalar":
+            expected = reduce_pair(a, b, dtype, op)
+            # + and * leave the payload of a NaN result to the hardware: any NaN matches numpy's.
+            assert_same(scalar, expected, dtype, f"scalar {dtype} {op} n={size} vs numpy", nan_payload=minmax)
+            continue
+        # Between tables: bitwise, NaN payloads included, except where a and b are both NaN in
+        # + and *: which payload wins then depends on the operand order the compiler emitted
+        # (x86 returns the first source's NaN), which C++ does not pin down.
         both_nan = None if minmax else isnan(a, dtype) & isnan(b, dtype)
-        for impl in IMPLS[1:]:
-            got = run_reduce(a, b, dtype, op, impl, offset)
-            assert_same(got, scalar, dtype, f"{impl} {dtype} {op} n={size} vs scalar", any_nan_where=both_nan)
+        got = run_reduce(a, b, dtype, op, impl, offset)
+        assert_same(got, scalar, dtype, f"{impl} {dtype} {op} n={size} vs scalar", any_nan_where=both_nan)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reduce_kernel_in_place(impl, dtype):
     """out may alias a or b exactly."""
+    require(impl)
     for size in (17, 1009):
         a, b = operands(dtype, size, seed=size)
         expected = reduce_pair(a, b, dtype, "sum")
@@ -189,34 +195,34 @@ def test_reduce_kernel_in_place(impl, dtype):
         assert_same(y, expected, dtype, f"{impl} {dtype} out=b", nan_payload=False)
 
 
-def test_min_max_nan_rule():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_min_max_nan_rule(impl):
     """Spelled out on a few values: a NaN in a wins, else a NaN in b, else the smaller/larger."""
+    require(impl)
     nan_a = np.array([np.nan, 1.0, np.nan, 2.0, -0.0, 0.0], dtype=np.float32)
     b = np.array([1.0, np.nan, -np.nan, 3.0, 0.0, -0.0], dtype=np.float32)
     nan_a_bits = bits(nan_a, "float32").copy()
     nan_a_bits[0] |= 1  # a's NaN has a payload b's NaN lacks
     a = nan_a_bits.view(np.float32)
-    for impl in IMPLS:
-        for op, numbers in (("min", [2.0, 0.0, -0.0]), ("max", [3.0, 0.0, -0.0])):
-            out = np.empty_like(a)
-            _C.reduce_kernel(addr(out), addr(a), addr(b), a.size, DTYPE_CODES["float32"], OP_CODES[op], impl)
-            ob = bits(out, "float32")
-            assert ob[0] == bits(a, "float32")[0], f"{impl} {op}: NaN in a must win"
-            assert ob[1] == bits(b, "float32")[1], f"{impl} {op}: NaN in b must win over a number"
-            assert ob[2] == bits(a, "float32")[2], f"{impl} {op}: a's NaN wins over b's"
-            assert list(bits(out[3:], "float32")) == list(bits(np.array(numbers, np.float32), "float32")), (
-                impl
-            )
+    for op, numbers in (("min", [2.0, 0.0, -0.0]), ("max", [3.0, 0.0, -0.0])):
+        out = np.empty_like(a)
+        _C.reduce_kernel(addr(out), addr(a), addr(b), a.size, DTYPE_CODES["float32"], OP_CODES[op], impl)
+        ob = bits(out, "float32")
+        assert ob[0] == bits(a, "float32")[0], f"{impl} {op}: NaN in a must win"
+        assert ob[1] == bits(b, "float32")[1], f"{impl} {op}: NaN in b must win over a number"
+        assert ob[2] == bits(a, "float32")[2], f"{impl} {op}: a's NaN wins over b's"
+        assert list(bits(out[3:], "float32")) == list(bits(np.array(numbers, np.float32), "float32")), impl
 
 
-def test_integer_wrap():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_integer_wrap(impl):
+    require(impl)
     a = np.array([127, -128, 100, -1], dtype=np.int8)
     b = np.array([1, -1, 100, -1], dtype=np.int8)
-    for impl in IMPLS:
-        for op, expected in (("sum", [-128, 127, -56, -2]), ("prod", [127, -128, 16, 1])):
-            out = np.empty_like(a)
-            _C.reduce_kernel(addr(out), addr(a), addr(b), 4, DTYPE_CODES["int8"], OP_CODES[op], impl)
-            assert out.tolist() == expected, (impl, op)
+    for op, expected in (("sum", [-128, 127, -56, -2]), ("prod", [127, -128, 16, 1])):
+        out = np.empty_like(a)
+        _C.reduce_kernel(addr(out), addr(a), addr(b), 4, DTYPE_CODES["int8"], OP_CODES[op], impl)
+        assert out.tolist() == expected, (impl, op)
 
 
 def test_bf16_helper_matches_torch():
@@ -233,37 +239,68 @@ def test_bf16_helper_matches_torch():
     assert np.isnan(values(nan, "bfloat16")).all()
 
 
+def run_divide(a: np.ndarray, dtype: str, divisor: int, impl: str) -> np.ndarray:
+    """Divides a misaligned, guarded copy of a in place; returns the result."""
+    n = a.size
+    buf = buffer(n, dtype, n % 3)
+    buf[GUARD : GUARD + n] = a
+    _C.divide_kernel(addr(buf[GUARD:]), n, DTYPE_CODES[dtype], divisor, impl)
+    guards = np.concatenate([buf[:GUARD], buf[GUARD + n :]]).view(np.uint8)
+    assert (guards == SENTINEL).all(), f"{impl} divide wrote outside the buffer"
+    return buf[GUARD : GUARD + n].copy()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("divisor", [2, 3, 4, 7])
-def test_divide_kernel(dtype, divisor):
+def test_divide_kernel(dtype, divisor, impl):
+    """The scalar table against numpy; every other table against the scalar one, bit for bit."""
+    require(impl)
     for size in SIZES:
         a, _ = operands(dtype, size, seed=size + divisor)
-        expected = divide(a, dtype, divisor)
-        results = {}
-        for impl in ("scalar", "dispatch"):
-            buf = buffer(size, dtype, size % 3)
-            buf[GUARD : GUARD + size] = a
-            _C.divide_kernel(addr(buf[GUARD:]), size, DTYPE_CODES[dtype], divisor, impl)
-            guards = np.concatenate([buf[:GUARD], buf[GUARD + size :]]).view(np.uint8)
-            assert (guards == SENTINEL).all(), f"{impl} divide wrote outside the buffer"
-            results[impl] = buf[GUARD : GUARD + size].copy()
-        assert_same(results["scalar"], expected, dtype, f"scalar divide {dtype} /{divisor} n={size}", False)
-        assert_same(
-            results["dispatch"], results["scalar"], dtype, f"dispatch divide {dtype} /{divisor} n={size}"
-        )
+        scalar = run_divide(a, dtype, divisor, "scalar")
+        if impl == "scalar":
+            expected = divide(a, dtype, divisor)
+            assert_same(scalar, expected, dtype, f"scalar divide {dtype} /{divisor} n={size}", False)
+        else:
+            got = run_divide(a, dtype, divisor, impl)
+            assert_same(got, scalar, dtype, f"{impl} divide {dtype} /{divisor} n={size} vs scalar")
 
 
-def test_divide_by_one_is_identity():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_divide_by_one_is_identity(impl):
+    require(impl)
     a, _ = operands("float32", 1009, seed=1)
     x = a.copy()
-    _C.divide_kernel(addr(x), x.size, DTYPE_CODES["float32"], 1, "dispatch")
+    _C.divide_kernel(addr(x), x.size, DTYPE_CODES["float32"], 1, impl)
     assert (bits(x, "float32") == bits(a, "float32")).all()
+
+
+def test_kernel_impls_follow_the_cpu():
+    """kernel_impls() lists the reference and every ISA up to the detected one, in order."""
+    level = _C.detected_simd_level()
+    assert _C.kernel_impls() == ISAS[: ISAS.index(level) + 1]
+    assert _C.simd_level() in _C.kernel_impls()
+
+
+def test_unsupported_impl_raises():
+    missing = [i for i in ISAS if i not in _C.kernel_impls()]
+    if not missing:
+        pytest.skip(f"this CPU runs every kernel table up to {_C.detected_simd_level()}: none to refuse")
+    x = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match=f"'{missing[0]}' is not supported by this CPU"):
+        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 0, 0, missing[0])
+    with pytest.raises(ValueError, match="not supported by this CPU"):
+        _C.divide_kernel(addr(x), 4, 0, 2, missing[0])
 
 
 def test_bad_kernel_arguments():
     x = np.zeros(4, np.float32)
-    with pytest.raises(ValueError, match="unknown or not supported"):
-        _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 0, 0, "sse9")
+    for name in ("sse9", "", "AVX2", "auto"):
+        with pytest.raises(ValueError, match="unknown kernel implementation"):
+            _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 0, 0, name)
+        with pytest.raises(ValueError, match="unknown kernel implementation"):
+            _C.divide_kernel(addr(x), 4, 0, 2, name)
     with pytest.raises(ValueError, match="dtype"):
         _C.reduce_kernel(addr(x), addr(x), addr(x), 4, 8, 0, "scalar")
     with pytest.raises(ValueError, match="op"):
@@ -272,11 +309,10 @@ def test_bad_kernel_arguments():
         _C.reduce_kernel(addr(x), addr(x), addr(x), 4, DTYPE_CODES["int32"], OP_CODES["avg"], "scalar")
 
 
-@pytest.mark.parametrize("level", ["scalar", "avx2"])
+@pytest.mark.parametrize("level", ISAS)
 def test_simd_env_override(level):
     """ZCOLL_SIMD selects the dispatched level (never above what the CPU has)."""
-    if level not in _C.kernel_impls():
-        pytest.skip(f"CPU lacks {level}")
+    require(level)
     code = "from zcoll import _C; print(_C.simd_level(), _C.detected_simd_level())"
     env = {**os.environ, "ZCOLL_SIMD": level}
     out = subprocess.run(

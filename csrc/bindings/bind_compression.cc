@@ -1,8 +1,10 @@
 // Compression kernels (kernels/quantize.h, kernels/sparsify.h) on raw addresses, for the Python
 // compressors, tests and benchmarks. Python checks buffer sizes and dtypes; C++ checks the
-// parameters (ValueError). Every call releases the GIL. `impl` is "dispatch", "scalar", "avx2"
-// or "avx512". Quantizing calls return (nonfinite_blocks, first_nonfinite_block or -1): the
-// caller raises FloatingPointError naming the tensor when the first is not 0.
+// parameters (ValueError). Every call releases the GIL. `impl` ("dispatch", "scalar", "avx2" or
+// "avx512"; default "dispatch") picks the kernel table, parsed by kernels::parse_kernel_impl as
+// in bind_kernels.cc; topk_threshold and randomk have no table (a sample, a bitmap), so no impl.
+// Quantizing calls return (nonfinite_blocks, first_nonfinite_block or -1): the caller raises
+// FloatingPointError naming the tensor when the first is not 0.
 #include <cstdint>
 #include <string>
 #include <tuple>

@@ -55,4 +55,13 @@ decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
   return fn(TypeTag<std::int64_t>{});
 }
 
+// The same for the floating types the compression kernels take (float32, float16, bfloat16);
+// callers have rejected every other dtype, which would be treated as float32.
+template <typename Fn>
+decltype(auto) dispatch_float_dtype(DType dtype, Fn&& fn) {
+  if (dtype == DType::kFloat16) return fn(TypeTag<float16_t>{});
+  if (dtype == DType::kBFloat16) return fn(TypeTag<bfloat16_t>{});
+  return fn(TypeTag<float>{});
+}
+
 }  // namespace zcoll

@@ -13,11 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZCOLL_HD __host__ __device__ __forceinline__
-#else
-#define ZCOLL_HD inline
-#endif
+#include "common/host_device.h"
 
 namespace zcoll {
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/half.h"
 #include "cuda/cuda_check.h"
 #include "cuda/quantize_cuda.h"
 #include "kernels/quant_math.h"
@@ -16,11 +17,12 @@ using namespace zcoll::kernels::qmath;
 constexpr int kThreads = 256;
 constexpr unsigned kFull = 0xffffffffu;
 
+// Widening to float32 is exact: bfloat16 goes through common/half.h (the one
+// definition, host and device); float16 uses the hardware conversion, which is exact too and
+// equals common/half.h fp16_to_float bit for bit (zcoll_cuda_check compares with the CPU).
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(zcoll::float16_t h) { return __half2float(__ushort_as_half(h.bits)); }
-__device__ __forceinline__ float widen(zcoll::bfloat16_t h) {
-  return __uint_as_float(std::uint32_t(h.bits) << 16);
-}
+__device__ __forceinline__ float widen(zcoll::bfloat16_t h) { return zcoll::to_float(h); }
 
 // Warp 0: the sign quantizer's canonical sum (quant_math.h sum16) of |x| (times 2^-64 if rescale).
 template <typename T>

@@ -1,6 +1,8 @@
 // The per-element arithmetic of the block quantizers: the specification every implementation
-// (scalar reference, AVX2, AVX-512, CUDA) reproduces bit for bit. Plain C++, __host__ __device__
-// under nvcc; internal linkage so no copy compiled with one ISA's flags is shared with another.
+// (scalar reference, AVX2, AVX-512, CUDA) reproduces bit for bit, and the per-element payload
+// layout (put_code / decoded_at) that the scalar reference and the tails of the SIMD loops share.
+// Plain C++, __host__ __device__ under nvcc; internal linkage so no copy compiled with one ISA's
+// flags is shared with another.
 //
 // For a block with absmax bits A (the largest |x| as an IEEE bit pattern, compared as integers so
 // NaN > Inf > every finite value) and qmax Q (127 for int8, 7 for int4):
@@ -17,8 +19,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
+#include "common/half.h"
 #include "common/rng.h"
 
 namespace zcoll::kernels::qmath {
@@ -27,33 +29,13 @@ constexpr std::uint32_t kAbsMask = 0x7fffffffu;
 constexpr std::uint32_t kInfBits = 0x7f800000u;
 constexpr std::uint32_t kQuietNaNBits = 0x7fc00000u;
 
-static ZCOLL_HD std::uint32_t fbits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-static ZCOLL_HD float bitsf(std::uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
 static ZCOLL_HD int qmax(int bits) { return bits == 8 ? 127 : 7; }
-static ZCOLL_HD std::uint32_t abs_bits(float x) { return fbits(x) & kAbsMask; }
+static ZCOLL_HD std::uint32_t abs_bits(float x) { return float_bits(x) & kAbsMask; }
 static ZCOLL_HD bool nonfinite(std::uint32_t absmax_bits) { return absmax_bits >= kInfBits; }
 
 static ZCOLL_HD float block_scale(std::uint32_t absmax_bits, int q) {
-  if (nonfinite(absmax_bits)) return bitsf(kQuietNaNBits);
-  return bitsf(absmax_bits) / static_cast<float>(q);
+  if (nonfinite(absmax_bits)) return bits_float(kQuietNaNBits);
+  return bits_float(absmax_bits) / static_cast<float>(q);
 }
 static ZCOLL_HD float block_divisor(float scale) { return scale > 0.0f ? scale : 1.0f; }
 
@@ -91,6 +73,30 @@ static ZCOLL_HD int unnibble(std::uint8_t byte, bool high) {
   return (v ^ 8) - 8;
 }
 
+// Stores element i's code in the payload layout of kernels/quantize.h (bits 8/4: the integer
+// code; bits 1: 1 when negative). Elements are stored in increasing order: the first element of
+// a byte clears the bits the others then set.
+static ZCOLL_HD void put_code(std::uint8_t* codes, int bits, std::size_t i, int code) {
+  if (bits == 8) {
+    codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
+  } else if (bits == 4) {
+    if (i % 2 == 0)
+      codes[i / 2] = nibble(code);
+    else
+      codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
+  } else {
+    if (i % 8 == 0) codes[i / 8] = 0;
+    codes[i / 8] = static_cast<std::uint8_t>(codes[i / 8] | (code << (i % 8)));
+  }
+}
+
+// D(q)[i]: element i of a payload decoded with its block's scale.
+static ZCOLL_HD float decoded_at(const std::uint8_t* codes, int bits, std::size_t i, float scale) {
+  if (bits == 8) return decode(static_cast<std::int8_t>(codes[i]), scale);
+  if (bits == 4) return decode(unnibble(codes[i / 2], i % 2 == 1), scale);
+  return decode_sign(((codes[i / 8] >> (i % 8)) & 1) != 0, scale);
+}
+
 // The sign quantizer's scale from the canonical sum of |v| (see sum16) over `count` elements.
 // If that sum overflows (|v| near FLT_MAX), the sum is redone on |v| * 2^-64 (`rescaled`) and
 // the mean scaled back. Clamped to absmax, which it can only exceed by rounding.
@@ -98,7 +104,7 @@ constexpr float kSignRescale = 5.42101086242752217e-20f;  // 2^-64
 static ZCOLL_HD float sign_scale(float sum, std::size_t count, std::uint32_t absmax_bits, bool rescaled) {
   float mean = sum / static_cast<float>(count);
   if (rescaled) mean = mean * 18446744073709551616.0f;  // 2^64
-  const float amax = bitsf(absmax_bits);
+  const float amax = bits_float(absmax_bits);
   return mean < amax ? mean : amax;
 }
 static ZCOLL_HD bool sign_sum_overflowed(float sum) { return abs_bits(sum) >= kInfBits; }

@@ -1,11 +1,11 @@
-// Dispatcher of the quantization kernels: validates arguments (std::invalid_argument, ValueError
-// in Python), handles n == 0, and is the only place that branches on the instruction set.
+// The entry points of the quantization kernels (kernels/quantize.h): validate the arguments
+// (std::invalid_argument, ValueError in Python), handle n == 0, and call the table of `impl`.
 #include "kernels/quantize.h"
 
 #include <stdexcept>
 
 #include "common/check.h"
-#include "kernels/quantize_isa.h"
+#include "kernels/kernel_table.h"
 
 namespace zcoll::kernels {
 namespace {
@@ -14,18 +14,6 @@ void validate_float_input(DType dtype, const char* what) {
   ZCOLL_REQUIRE(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16, what,
                 " must be float32, float16 or bfloat16, not ", dtype_name(dtype));
 }
-
-// Returns `call` made in the ISA namespace that impl resolves to.
-#define ZCOLL_QUANT_DISPATCH(impl, call) \
-  switch (resolve(impl)) {               \
-    case SimdLevel::kAvx512:             \
-      return avx512::call;               \
-    case SimdLevel::kAvx2:               \
-      return avx2::call;                 \
-    case SimdLevel::kScalar:             \
-      break;                             \
-  }                                      \
-  return scalar::call
 
 }  // namespace
 
@@ -67,22 +55,25 @@ QuantStatus quantize(const void* x, DType dtype, std::size_t n, const QuantParam
                      float* scales, KernelImpl impl) {
   validate(p);
   validate_float_input(dtype, "quantize input");
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return {};
-  ZCOLL_QUANT_DISPATCH(impl, quantize(x, dtype, n, p, codes, scales));
+  return k.quantize(x, dtype, n, p, codes, scales);
 }
 
 void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p, float* y,
                 KernelImpl impl) {
   validate(p);
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return;
-  ZCOLL_QUANT_DISPATCH(impl, dequantize(codes, scales, n, p, y, false));
+  k.dequantize(codes, scales, n, p, y, false);
 }
 
 void dequantize_add(const std::uint8_t* codes, const float* scales, std::size_t n, const QuantParams& p,
                     float* y, KernelImpl impl) {
   validate(p);
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return;
-  ZCOLL_QUANT_DISPATCH(impl, dequantize(codes, scales, n, p, y, true));
+  k.dequantize(codes, scales, n, p, y, true);
 }
 
 QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,
@@ -90,17 +81,18 @@ QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* s
                                     float* scales_out, float* sum_out, KernelImpl impl) {
   validate(p);
   validate_float_input(dtype, "dequantize_add_quantize input");
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return {};
-  ZCOLL_QUANT_DISPATCH(
-      impl, dequantize_add_quantize(codes_in, scales_in, x, dtype, n, p, codes_out, scales_out, sum_out));
+  return k.dequantize_add_quantize(codes_in, scales_in, x, dtype, n, p, codes_out, scales_out, sum_out);
 }
 
 QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, const QuantParams& p,
                         std::uint8_t* codes, float* scales, KernelImpl impl) {
   validate(p);
   validate_float_input(dtype, "quantize_ef gradient");
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return {};
-  ZCOLL_QUANT_DISPATCH(impl, quantize_ef(g, dtype, e, n, p, codes, scales));
+  return k.quantize_ef(g, dtype, e, n, p, codes, scales);
 }
 
 void cast(const void* x, DType from, void* y, DType to, std::size_t n, KernelImpl impl) {
@@ -108,8 +100,9 @@ void cast(const void* x, DType from, void* y, DType to, std::size_t n, KernelImp
   const bool widen = to == DType::kFloat32 && (from == DType::kFloat16 || from == DType::kBFloat16);
   ZCOLL_REQUIRE(narrow || widen, "cast supports float32 <-> float16 / bfloat16, not ", dtype_name(from),
                 " -> ", dtype_name(to));
+  const KernelTable& k = kernel_table(impl);
   if (n == 0) return;
-  ZCOLL_QUANT_DISPATCH(impl, cast(x, from, y, to, n));
+  k.cast(x, from, y, to, n);
 }
 
 }  // namespace zcoll::kernels

@@ -61,7 +61,7 @@
 // -0.0 codes as 0 (decodes to +0.0); denormals are quantized like any other value.
 //
 // ---- Determinism ------------------------------------------------------------------------------
-// Every implementation (scalar reference, AVX2, AVX-512, and CUDA in csrc/cuda) gives
+// Every implementation (the scalar reference, the AVX2 and AVX-512 tables, CUDA in csrc/cuda) gives
 // bit-identical codes, scales and float outputs: the same IEEE operations in the same order (no
 // FMA contraction, the sign mean uses a fixed 16-lane summation order, no float reduction
 // elsewhere: absmax is an integer max), checked by tests/test_compression_kernels.py on the CPU
@@ -107,9 +107,10 @@ std::size_t num_blocks(std::size_t n, std::size_t block);
 std::size_t code_bytes(std::size_t n, int bits);
 QuantLayout quant_layout(std::size_t n, const QuantParams& p);
 
-// All kernels validate `p` (and the dtypes) and then run the implementation `impl` selects
-// (kDispatch: simd_level(), which ZCOLL_SIMD caps). n == 0 does nothing. Buffers must not
-// overlap, except where an argument is documented as in/out.
+// All kernels validate `p` (and the dtypes) and then run the kernel table `impl` selects
+// (kernels/kernel_table.h; kDispatch: simd_level(), which ZCOLL_SIMD caps; kScalar: the
+// reference; an ISA this CPU lacks: std::invalid_argument). n == 0 does nothing. Buffers must
+// not overlap, except where an argument is documented as in/out.
 QuantStatus quantize(const void* x, DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes,
                      float* scales, KernelImpl impl = KernelImpl::kDispatch);
 
@@ -134,7 +135,8 @@ QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, con
                         std::uint8_t* codes, float* scales, KernelImpl impl = KernelImpl::kDispatch);
 
 // y = x converted: float32 -> float16 / bfloat16 (round to nearest even, NaN stays a quiet NaN,
-// overflow to Inf as IEEE) or float16 / bfloat16 -> float32 (exact). Other pairs: invalid_argument.
+// overflow to Inf as IEEE: common/half.h) or float16 / bfloat16 -> float32 (exact). Other pairs:
+// invalid_argument. The loop is kernels/elementwise_impl.h's, shared with reduce and divide.
 void cast(const void* x, DType from, void* y, DType to, std::size_t n,
           KernelImpl impl = KernelImpl::kDispatch);
 

@@ -1,15 +1,13 @@
-// The quantization kernels written once over the vector operations `V` (simd_ops_<isa>.h) and
-// compiled once per ISA (quantize_avx2.cc, quantize_avx512.cc), Highway's "skeleton" pattern.
-// Same phases, formulas and results as the scalar reference (quantize_scalar.cc):
+// The quantization kernels written once over the vector operations V (simd_ops.h) and compiled
+// into every SIMD table (kernels_avx2.cc, kernels_avx512.cc), Highway's "skeleton" pattern.
+// Same phases, formulas and results as the scalar reference (quantize_scalar.h):
 //   1. absmax pass over the block: integer max of |v| bit patterns (+ 16-lane |v| sums for sign)
 //   2. scale (quant_math.h)
 //   3. code pass: the block again from L1: divide, clamp, round, pack, decode, done()
 // Vectors cover the block from its first element; the rest of a block (block % kLanes) goes
-// through the scalar formulas. Cost per element: 2 loads from L1 (1 from DRAM), ~10 vector ops.
-// Included inside namespace zcoll::kernels::<isa> after simd_ops_<isa>.h.
-namespace {
+// through the scalar formulas (quant_math.h). Cost per element: 2 loads from L1 (1 from DRAM),
+// ~10 vector ops. Included in the anonymous namespace of kernels_<isa>.cc, after simd_ops.h.
 using namespace zcoll::kernels::qmath;
-constexpr std::size_t kL = V::kLanes;
 
 // Sources of the value to quantize: vec(i) = lanes i .. i+kL-1, at(i) = element i; done() gets
 // each value with its decoded value.
@@ -18,7 +16,7 @@ struct Plain {
   const T* x;
   void begin_block(std::size_t) {}
   V::F vec(std::size_t i) const { return V::load(x + i); }
-  float at(std::size_t i) const { return V::widen(x[i]); }
+  float at(std::size_t i) const { return zcoll::to_float(x[i]); }
   void done(std::size_t, V::F, V::F) {}
   void done(std::size_t, float, float) {}
 };
@@ -29,16 +27,10 @@ struct ErrorFeedback {  // r = g + e; e = r - D(Q(r))
   float* e;
   void begin_block(std::size_t) {}
   V::F vec(std::size_t i) const { return V::add(V::load(g + i), V::load(e + i)); }
-  float at(std::size_t i) const { return V::widen(g[i]) + e[i]; }
+  float at(std::size_t i) const { return zcoll::to_float(g[i]) + e[i]; }
   void done(std::size_t i, V::F r, V::F d) { V::store(e + i, V::sub(r, d)); }
   void done(std::size_t i, float r, float d) { e[i] = r - d; }
 };
-
-float decoded_at(const std::uint8_t* codes, int bits, std::size_t i, float scale) {
-  if (bits == 8) return decode(static_cast<std::int8_t>(codes[i]), scale);
-  if (bits == 4) return decode(unnibble(codes[i / 2], i % 2 == 1), scale);
-  return decode_sign(((codes[i / 8] >> (i % 8)) & 1) != 0, scale);
-}
 
 V::F decoded_vec(const std::uint8_t* codes, int bits, std::size_t i, V::F scale) {
   if (bits == 8) return V::mul(V::to_float(V::load_i8(codes + i)), scale);
@@ -56,7 +48,7 @@ struct Hop {  // s = D(q_in) + x; optionally sum_out = s
   float scale = 0.0f;
   void begin_block(std::size_t b) { scale = sin[b]; }
   V::F vec(std::size_t i) const { return V::add(decoded_vec(cin, bits, i, V::set1(scale)), V::load(x + i)); }
-  float at(std::size_t i) const { return decoded_at(cin, bits, i, scale) + V::widen(x[i]); }
+  float at(std::size_t i) const { return decoded_at(cin, bits, i, scale) + zcoll::to_float(x[i]); }
   void done(std::size_t i, V::F s, V::F) {
     if (sum != nullptr) V::store(sum + i, s);
   }
@@ -64,26 +56,6 @@ struct Hop {  // s = D(q_in) + x; optionally sum_out = s
     if (sum != nullptr) sum[i] = s;
   }
 };
-
-std::uint16_t store_bf16_scalar(float f) {  // common/half.h's float_to_bf16, with internal linkage
-  const std::uint32_t u = fbits(f);
-  if ((u & kAbsMask) > kInfBits) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-void put_code(std::uint8_t* codes, int bits, std::size_t i, int code) {
-  if (bits == 8) {
-    codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
-  } else if (bits == 4) {
-    if (i % 2 == 0)
-      codes[i / 2] = nibble(code);
-    else
-      codes[i / 2] = static_cast<std::uint8_t>(codes[i / 2] | (nibble(code) << 4));
-  } else {
-    if (i % 8 == 0) codes[i / 8] = 0;
-    codes[i / 8] = static_cast<std::uint8_t>(codes[i / 8] | (code << (i % 8)));
-  }
-}
 
 // Phase 1: absmax bits of block [i0, i1), and for sign the canonical sum of |v| (times 2^-64
 // when kRescale: the rare second pass after that sum overflowed).
@@ -108,7 +80,7 @@ std::uint32_t block_absmax(const Src& src, std::size_t i0, std::size_t i1, float
     const float v = src.at(i);
     amax = amax > abs_bits(v) ? amax : abs_bits(v);
     if constexpr (kSign)
-      lanes[(i - i0) % 16] += kRescale ? bitsf(abs_bits(v)) * kSignRescale : bitsf(abs_bits(v));
+      lanes[(i - i0) % 16] += kRescale ? bits_float(abs_bits(v)) * kSignRescale : bits_float(abs_bits(v));
   }
   if constexpr (kSign) *sum = sum16(lanes);
   return amax;
@@ -155,7 +127,7 @@ void sign_block(Src& src, std::size_t i0, std::size_t i1, float scale, std::uint
   std::size_t i = i0;
   for (; i + kL <= i1; i += kL) {
     const V::F v = src.vec(i);
-    const V::Mask m = V::neg_bits(v);
+    const V::Bits m = V::neg_bits(v);
     V::store_bits(codes + i / 8, m);
     src.done(i, v, V::sign_decode(m, vs));
   }
@@ -215,13 +187,6 @@ QuantStatus run(Src src, std::size_t n, const QuantParams& p, std::uint8_t* code
             : quantize_blocks<8, false>(src, n, p, codes, scales);
 }
 
-template <typename Fn>
-decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
-  if (dtype == DType::kFloat16) return fn(TypeTag<float16_t>{});
-  if (dtype == DType::kBFloat16) return fn(TypeTag<bfloat16_t>{});
-  return fn(TypeTag<float>{});
-}
-
 template <int kBits, bool kAccumulate>
 void dequantize_t(const std::uint8_t* codes, const float* scales, std::size_t n, std::size_t block,
                   float* y) {
@@ -249,11 +214,9 @@ void dequantize_acc(const std::uint8_t* codes, const float* scales, std::size_t 
   return dequantize_t<1, kAccumulate>(codes, scales, n, block, y);
 }
 
-}  // namespace
-
 QuantStatus quantize(const void* x, DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes,
                      float* scales) {
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return run(Plain<T>{static_cast<const T*>(x)}, n, p, codes, scales);
   });
@@ -268,7 +231,7 @@ void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, c
 QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* scales_in, const void* x,
                                     DType dtype, std::size_t n, const QuantParams& p, std::uint8_t* codes_out,
                                     float* scales_out, float* sum_out) {
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return run(Hop<T>{codes_in, scales_in, static_cast<const T*>(x), sum_out, p.bits}, n, p, codes_out,
                scales_out);
@@ -277,30 +240,8 @@ QuantStatus dequantize_add_quantize(const std::uint8_t* codes_in, const float* s
 
 QuantStatus quantize_ef(const void* g, DType dtype, float* e, std::size_t n, const QuantParams& p,
                         std::uint8_t* codes, float* scales) {
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return run(ErrorFeedback<T>{static_cast<const T*>(g), e}, n, p, codes, scales);
-  });
-}
-
-void cast(const void* x, DType from, void* y, DType to, std::size_t n) {
-  std::size_t i = 0;
-  if (from == DType::kFloat32) {
-    const auto* f = static_cast<const float*>(x);
-    auto* h = static_cast<std::uint16_t*>(y);
-    const bool half = to == DType::kFloat16;
-    for (; i + kL <= n; i += kL)
-      half ? V::store_f16(h + i, V::load(f + i)) : V::store_bf16(h + i, V::load(f + i));
-    for (; i < n; ++i)
-      h[i] = half ? static_cast<std::uint16_t>(_cvtss_sh(f[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
-                  : store_bf16_scalar(f[i]);
-    return;
-  }
-  auto* f = static_cast<float*>(y);
-  dispatch_float(from, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* h = static_cast<const T*>(x);
-    for (; i + kL <= n; i += kL) V::store(f + i, V::load(h + i));
-    for (; i < n; ++i) f[i] = V::widen(h[i]);
   });
 }

@@ -2,38 +2,28 @@
 //
 //   reduce(out, a, b, n):  out[i] = a[i] OP b[i]   (OP: sum prod min max; avg reduces with sum)
 //   divide(buf, n, p):     buf[i] = buf[i] / p      (the last step of avg, floating types only)
+// Cost: one pass, 3 (reduce) or 2 (divide) element accesses per element; memory bound.
 //
-// Semantics, identical in every implementation (the SIMD ones are tested bit for bit against
-// the scalar reference):
+// Semantics, identical in every kernel table (the SIMD ones are tested bit for bit against the
+// scalar reference; the loops are kernels/elementwise_impl.h):
 //   - integers wrap on overflow (two's complement), like numpy;
 //   - float16 / bfloat16 are computed in float32 and rounded once to nearest even, which is
-//     the correctly rounded half result (see common/half.h);
+//     the correctly rounded half result (common/half.h, the one rounding routine);
 //   - min / max propagate NaN: if a[i] is NaN the result is a[i], else if b[i] is NaN, b[i].
 // `out` may alias `a` or `b` exactly (in-place reduction); partial overlap is not allowed.
 #pragma once
 #include <cstddef>
 
 #include "common/dtype.h"
+#include "kernels/simd_level.h"
 
 namespace zcoll::kernels {
 
-void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op);
-void divide(void* buf, std::size_t count, DType dtype, int divisor);
-
-// The plain-loop reference (compiled without vectorisation): the test oracle.
-namespace scalar {
-void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op);
-void divide(void* buf, std::size_t count, DType dtype, int divisor);
-}  // namespace scalar
-
-namespace avx2 {
-void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op);
-void divide(void* buf, std::size_t count, DType dtype, int divisor);
-}  // namespace avx2
-
-namespace avx512 {
-void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op);
-void divide(void* buf, std::size_t count, DType dtype, int divisor);
-}  // namespace avx512
+// `impl` picks the kernel table (kernels/kernel_table.h): kDispatch follows simd_level(),
+// kScalar is the plain-loop reference (the test oracle), an ISA this CPU lacks throws
+// std::invalid_argument. count == 0 (and divisor == 1) do nothing.
+void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op,
+            KernelImpl impl = KernelImpl::kDispatch);
+void divide(void* buf, std::size_t count, DType dtype, int divisor, KernelImpl impl = KernelImpl::kDispatch);
 
 }  // namespace zcoll::kernels

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "common/env.h"
 
@@ -60,15 +62,6 @@ const char* simd_level_name(SimdLevel level) {
   return "scalar";
 }
 
-SimdLevel resolve(KernelImpl impl) {
-  if (impl == KernelImpl::kDispatch) return simd_level();
-  const auto level = static_cast<SimdLevel>(static_cast<int>(impl));
-  if (level > detected_simd_level())
-    throw std::invalid_argument(std::string("kernel implementation '") + simd_level_name(level) +
-                                "' is not supported by this CPU");
-  return level;
-}
-
 KernelImpl parse_kernel_impl(const std::string& name) {
   if (name == "dispatch") return KernelImpl::kDispatch;
   if (name == "scalar") return KernelImpl::kScalar;
@@ -76,6 +69,18 @@ KernelImpl parse_kernel_impl(const std::string& name) {
   if (name == "avx512") return KernelImpl::kAvx512;
   throw std::invalid_argument("unknown kernel implementation '" + name +
                               "' (expected dispatch, scalar, avx2 or avx512)");
+}
+
+const char* kernel_impl_name(KernelImpl impl) {
+  if (impl == KernelImpl::kDispatch) return "dispatch";
+  return simd_level_name(static_cast<SimdLevel>(static_cast<int>(impl)));
+}
+
+std::vector<KernelImpl> supported_kernel_impls() {
+  std::vector<KernelImpl> impls;
+  for (int level = 0; level <= static_cast<int>(detected_simd_level()); ++level)
+    impls.push_back(static_cast<KernelImpl>(level));
+  return impls;
 }
 
 }  // namespace zcoll::kernels

@@ -1,6 +1,6 @@
-// Dispatcher and ISA-independent logic of the sparsifiers (kernels/sparsify.h): argument checks,
-// the top-k methods (sampling, nth_element, fix-up to exactly k) and random-k. Only the passes
-// over the whole vector (select, select_ef, scatter_add) branch on the instruction set.
+// Entry points and ISA-independent logic of the sparsifiers (kernels/sparsify.h): argument
+// checks, the top-k methods (sampling, nth_element, fix-up to exactly k) and random-k. The passes
+// over the whole vector (select, select_ef, scatter_add) come from the kernel table of `impl`.
 #include "kernels/sparsify.h"
 
 #include <algorithm>
@@ -11,32 +11,14 @@
 
 #include "common/check.h"
 #include "common/rng.h"
+#include "kernels/kernel_table.h"
 #include "kernels/quant_math.h"
-#include "kernels/sparsify_isa.h"
 
 namespace zcoll::kernels {
 namespace {
 
 constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
 constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();  // no key is > or == this
-
-struct Ops {
-  decltype(&scalar::select) select;
-  decltype(&scalar::select_ef) select_ef;
-  decltype(&scalar::scatter_add) scatter_add;
-};
-
-Ops ops_for(KernelImpl impl) {
-  switch (resolve(impl)) {
-    case SimdLevel::kAvx512:
-      return {avx512::select, avx512::select_ef, avx512::scatter_add};
-    case SimdLevel::kAvx2:
-      return {avx2::select, avx2::select_ef, avx2::scatter_add};
-    case SimdLevel::kScalar:
-      break;
-  }
-  return {scalar::select, scalar::select_ef, scalar::scatter_add};
-}
 
 void check_sizes(std::size_t n, std::size_t k) {
   ZCOLL_REQUIRE(n <= std::numeric_limits<std::uint32_t>::max(), "sparsification indices are uint32: n = ", n,
@@ -52,14 +34,14 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
 
 // Exact top-k of x[0..n): threshold key T by nth_element, then one selection pass that keeps
 // key > T and the first (k - #(key > T)) elements with key == T.
-void topk_exact(const Ops& ops, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx,
+void topk_exact(const KernelTable& table, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx,
                 float* val) {
   std::vector<std::uint32_t> keys(n);
   for (std::size_t i = 0; i < n; ++i) keys[i] = qmath::abs_bits(x[i]);
   const std::uint32_t t = kth_largest(keys.data(), n, k);
   const std::size_t above = static_cast<std::size_t>(
       std::count_if(keys.begin(), keys.begin() + (k - 1), [t](std::uint32_t v) { return v > t; }));
-  const std::size_t got = ops.select(x, n, t, k - above, idx, val, k);
+  const std::size_t got = table.select(x, n, t, k - above, idx, val, k);
   ZCOLL_CHECK_EQ(got, k, "exact top-k selected a wrong count");
 }
 
@@ -142,35 +124,35 @@ bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt valu
 void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val, TopkMethod method,
           std::uint64_t seed, KernelImpl impl) {
   check_sizes(n, k);
-  const Ops ops = ops_for(impl);
+  const KernelTable& table = kernel_table(impl);
   if (k == 0) return;
   if (use_sampled(method, n, k) && topk_sampled(
                                        n, k, seed, [x](std::size_t i) { return x[i]; },
                                        [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-                                         return ops.select(x, n, t, k, ci, cv, cap);
+                                         return table.select(x, n, t, k, ci, cv, cap);
                                        },
                                        idx, val))
     return;
-  topk_exact(ops, x, n, k, idx, val);
+  topk_exact(table, x, n, k, idx, val);
 }
 
 void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
              TopkMethod method, std::uint64_t seed, KernelImpl impl) {
   check_sizes(n, k);
-  const Ops ops = ops_for(impl);
+  const KernelTable& table = kernel_table(impl);
   bool done = false;
   if (k > 0 && use_sampled(method, n, k)) {
     // The gather pass also stores r = g + e into e, whatever it returns.
     done = topk_sampled(
         n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-          return ops.select_ef(g, e, n, t, k, ci, cv, cap);
+          return table.select_ef(g, e, n, t, k, ci, cv, cap);
         },
         idx, val);
   } else {
-    ops.select_ef(g, e, n, kNone, kAll, nullptr, nullptr, 0);  // e = r, selects nothing
+    table.select_ef(g, e, n, kNone, kAll, nullptr, nullptr, 0);  // e = r, selects nothing
   }
-  if (k > 0 && !done) topk_exact(ops, e, n, k, idx, val);
+  if (k > 0 && !done) topk_exact(table, e, n, k, idx, val);
   for (std::size_t j = 0; j < k; ++j) e[idx[j]] = 0.0f;
 }
 
@@ -180,15 +162,15 @@ float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t
   const std::size_t s = std::min(n, sample_size(n));
   std::vector<std::uint32_t> keys = sample_keys(n, s, seed, [x](std::size_t i) { return x[i]; });
   const std::size_t r = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(double(s) * k / n)));
-  return qmath::bitsf(kth_largest(keys.data(), s, std::min(r + 1, s)));
+  return bits_float(kth_largest(keys.data(), s, std::min(r + 1, s)));
 }
 
 std::size_t threshold(const float* x, std::size_t n, float t, std::uint32_t* idx, float* val,
                       std::size_t capacity, KernelImpl impl) {
   check_sizes(n, 0);
   ZCOLL_REQUIRE(t >= 0.0f, "threshold must be >= 0 and not NaN, not ", t);
-  const Ops ops = ops_for(impl);
-  return ops.select(x, n, qmath::abs_bits(t), 0, idx, val, capacity);  // -0 counts as 0
+  const KernelTable& table = kernel_table(impl);
+  return table.select(x, n, qmath::abs_bits(t), 0, idx, val, capacity);  // -0 counts as 0
 }
 
 void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, std::uint32_t* idx,
@@ -217,11 +199,11 @@ void randomk(const float* x, std::size_t n, std::size_t k, std::uint64_t seed, s
 
 void scatter_add(float* y, std::size_t n, const std::uint32_t* idx, const float* val, std::size_t m,
                  KernelImpl impl) {
-  const Ops ops = ops_for(impl);
+  const KernelTable& table = kernel_table(impl);
   std::uint32_t top = 0;
   for (std::size_t i = 0; i < m; ++i) top = std::max(top, idx[i]);
   ZCOLL_REQUIRE(m == 0 || top < n, "scatter_add index ", top, " is out of range for ", n, " elements");
-  ops.scatter_add(y, idx, val, m);
+  table.scatter_add(y, idx, val, m);
 }
 
 }  // namespace zcoll::kernels

@@ -37,7 +37,9 @@
 //             ~1e-5) it falls back to kExact: same result, slower.
 //             Cost: one read of x (DRAM speed) + O(s + k) work; scratch ~40 k bytes kept
 //             per thread. Used when n >= 16384 and k <= n / 4; otherwise kExact.
-// CUDA counterpart of topk: csrc/cuda/sparsify_cuda.h.
+// `impl` picks the kernel table of the passes over the whole vector (kernels/kernel_table.h);
+// topk_threshold and randomk have none (a sample, a bitmap). CUDA counterpart of topk:
+// csrc/cuda/sparsify_cuda.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
