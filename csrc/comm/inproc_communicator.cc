@@ -25,8 +25,7 @@ struct InProcOp {
   std::size_t bytes = 0;
   // ---
   bool done = false;
-  InProcOp* matched_send = nullptr;  // a receive whose send has arrived but is not copied yet
-  std::string error;                 // set with done when the match failed
+  std::string error;  // set with done when the match failed
 };
 
 struct InProcMailbox {
@@ -51,19 +50,19 @@ int process_cpus() {
   return n ? static_cast<int>(n) : 1;
 }
 
-// Pairs a send with the receive it meets, under the receiver's mailbox lock. The copy itself
-// happens on the receiving thread (InProcCommunicator::complete_locked).
-void pair_up(InProcOp& send, InProcOp& recv) {
+// Completes a send and the receive it meets, under the receiver's mailbox lock: copies the
+// bytes (on whichever thread posted second) or, when the sizes differ, fails both.
+void match(InProcOp& send, InProcOp& recv) {
   if (send.bytes != recv.bytes) {
     const std::string e =
         concat("in-process transport: rank ", send.src, " sent ", send.bytes, " bytes to rank ", send.dst,
                " with tag ", send.tag, " but the matching receive expects ", recv.bytes,
                " bytes (sizes must be equal)");
     send.error = recv.error = e;
-    send.done = recv.done = true;
-    return;
+  } else if (send.bytes) {
+    std::memcpy(recv.buf, send.buf, send.bytes);
   }
-  recv.matched_send = &send;
+  send.done = recv.done = true;
 }
 
 std::string describe(const InProcOp& op) {
@@ -118,9 +117,8 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
     } else {
       Op& other = *waiting.front();
       waiting.pop_front();
-      pair_up(is_send ? op : other, is_send ? other : op);
-      if (!is_send) complete_locked(op);  // the receiver copies now
-      box.cv.notify_all();
+      match(is_send ? op : other, is_send ? other : op);
+      box.cv.notify_all();  // the other side may be waiting
     }
   }
   group_.progress_.fetch_add(1, std::memory_order_relaxed);
@@ -147,16 +145,6 @@ InProcCommunicator::Op& InProcCommunicator::find(const Request& request) {
   return *it->second;
 }
 
-bool InProcCommunicator::complete_locked(Op& op) {
-  if (!op.done && op.matched_send) {
-    Op& send = *op.matched_send;
-    if (op.bytes) std::memcpy(op.buf, send.buf, op.bytes);
-    op.matched_send = nullptr;
-    op.done = send.done = true;
-  }
-  return op.done;
-}
-
 void InProcCommunicator::finish(Request& request) {
   auto it = ops_.find(request.handle);
   const std::string error = it->second->error;
@@ -179,15 +167,12 @@ void InProcCommunicator::wait(Request& request) {
   set_waiting(&op, false);
   {
     std::unique_lock<std::mutex> lock(box.mu);
-    box.cv.wait(lock, [&] { return op.done || op.matched_send || group_.aborted(); });
-    // An aborted group's peers may have unwound their buffers: copy nothing more.
+    box.cv.wait(lock, [&] { return op.done || group_.aborted(); });
     if (group_.aborted()) {
       lock.unlock();
       set_waiting(nullptr, false);
       group_.throw_aborted();
     }
-    complete_locked(op);
-    box.cv.notify_all();  // a sender may wait for this copy
   }
   set_waiting(nullptr, false);
   finish(request);
@@ -200,9 +185,7 @@ bool InProcCommunicator::test(Request& request) {
   {
     std::lock_guard<std::mutex> lock(box.mu);
     if (group_.aborted()) group_.throw_aborted();
-    const bool had_matched_send = op.matched_send != nullptr;
-    if (!complete_locked(op)) return false;
-    if (had_matched_send) box.cv.notify_all();
+    if (!op.done) return false;
   }
   finish(request);
   return true;

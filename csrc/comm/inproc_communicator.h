@@ -10,14 +10,14 @@
 // be equal: the interface has no status to report a shorter message, so a difference is a bug
 // in the caller, and both requests fail (at wait/test) with zcoll::Error naming both sizes.
 //
-// Completion is rendezvous: a send completes only when its receiver has copied the bytes,
-// straight from the send buffer into the receive buffer, in irecv (send already there) or in
-// the wait/test of the receive (send arrived later). So only the receiving thread ever writes
-// a receive buffer, and only while its owner is inside irecv/wait/test. This is stricter than
-// MPI's eager small messages on purpose: an algorithm that reuses a send buffer before wait(),
-// or that needs a send to finish before the matching receive is posted, fails (wrong data, or
-// a stall the watchdog reports) at every size instead of only beyond the MPI library's eager
-// limit.
+// Completion is rendezvous: a send and its receive complete together, when the second of the
+// two is posted, which copies the bytes straight from the send buffer into the receive buffer
+// (under the receiver's mailbox lock). So a send never completes before its receive is posted.
+// This is stricter than MPI's eager small messages on purpose: an algorithm that reuses a send
+// buffer before wait(), or that needs a send to finish before the matching receive is posted,
+// fails (wrong data, or a stall the watchdog reports) at every size instead of only beyond the
+// MPI library's eager limit. Like MPI, no call of the receiver is needed once its receive is
+// posted: irecv; isend; wait(send); wait(recv) on every rank of a ring completes.
 //
 // wait() blocks on the mailbox's condition variable (no spinning, so oversubscription costs
 // nothing here), test() only looks. A communicator is used by one thread at a time, like an
@@ -28,10 +28,11 @@
 // flag waits (through SharedArena::cancelled) then throw GroupAborted. run_ranks aborts the
 // group as soon as a rank throws, and also when no message has moved for
 // InProcOptions::stall_seconds (a deadlock), naming what every rank waits for; so a failing or
-// deadlocked algorithm never hangs the test program. Caveat, as with MPI: a rank that throws
-// with a send still posted leaves it posted until the group is aborted (right after that rank's
-// stack has unwound); a peer matching it in that window reads the unwound buffer (never writes
-// it) and receives garbage, in a group that is about to abort anyway.
+// deadlocked algorithm never hangs the test program. Caveat, as with MPI, which keeps
+// progressing a process's pending requests: a rank that throws with requests still posted
+// leaves them posted until the group is aborted, right after that rank's stack has unwound; a
+// peer matching one of them in that window copies from or into the unwound buffer, in a group
+// that is about to abort anyway.
 //
 // Shared arena: one region per rank in plain process memory (64-byte aligned,
 // InProcOptions::shared_arena_bytes of data after the flags), allocated collectively on the
@@ -103,7 +104,6 @@ class InProcCommunicator final : public Communicator {
   using Op = detail::InProcOp;
   Request post(bool is_send, void* buf, std::size_t bytes, int peer, int tag);
   Op& find(const Request& request);
-  bool complete_locked(Op& op);  // under the mailbox lock: finishes a matched receive
   void finish(Request& request);
   void set_waiting(const Op* op, bool in_arena);
 
