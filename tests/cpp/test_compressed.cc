@@ -27,9 +27,11 @@ struct Spec {
   const char* name;  // parse_compression's spelling
   bool half_dtypes;  // also run float16 and bfloat16 inputs
 };
-const Spec kSpecs[] = {{"fp16", true},          {"bf16", true},          {"int8", true},
-                       {"int4", false},         {"sign", false},         {"int8s", false},
-                       {"int4:64", false},      {"topk:0.01", true},     {"topk_exact:0.3", false},
+const Spec kSpecs[] = {{"fp16", true},          {"bf16", true},
+                       {"int8", true},          {"int4", false},
+                       {"sign", false},         {"int8s", false},
+                       {"int4s", false},        {"int4:64", false},
+                       {"topk:0.01", true},     {"topk_exact:0.3", false},
                        {"randomk:0.05", false}, {"threshold:1.5", false}};
 
 // Gradient-like input: standard normal times a scale per 64-element block (0.1 .. 8), so blocks
