@@ -98,8 +98,9 @@ bool InProcCommunicator::has_shared_arena() const { return group_.options().shar
 Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int peer, int tag) {
   ZCOLL_REQUIRE(peer >= 0 && peer < size(), "peer ", peer, " out of range for ", size(), " ranks");
   ZCOLL_REQUIRE(bytes == 0 || buf != nullptr, "null buffer for ", bytes, " bytes");
-  auto owned = std::make_unique<Op>();
-  Op& op = *owned;
+  // Owned by this rank until completed; entered before it is queued (nothing can fail after).
+  const std::uint64_t handle = next_handle_++;
+  Op& op = *ops_.emplace(handle, std::make_unique<Op>()).first->second;
   op.is_send = is_send;
   op.src = is_send ? rank_ : peer;
   op.dst = is_send ? peer : rank_;
@@ -109,7 +110,10 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
   InProcMailbox& box = group_.mailbox(op.dst);
   {
     std::lock_guard<std::mutex> lock(box.mu);
-    if (group_.aborted()) group_.throw_aborted();
+    if (group_.aborted()) {
+      ops_.erase(handle);
+      group_.throw_aborted();
+    }
     const std::pair<int, int> key{op.src, tag};
     auto& waiting = is_send ? box.recvs[key] : box.sends[key];
     if (waiting.empty()) {
@@ -122,8 +126,6 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
     }
   }
   group_.progress_.fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t handle = next_handle_++;
-  ops_.emplace(handle, std::move(owned));
   return Request{handle, true};
 }
 
