@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/backoff.h"
+#include "common/error.h"
 
 namespace zcoll {
 
@@ -26,6 +27,10 @@ struct SharedArena {
   bool yield_when_waiting = false;      // oversubscribed: give the core away while waiting
   std::uint64_t sequence = 0;           // stages completed by this communicator's algorithms;
                                         // advances identically on every rank
+  // Set by a transport that can release its ranks after a failure (the in-process one): once
+  // *cancelled is true, wait_all throws instead of waiting for a rank that will never publish.
+  // Null for MPI, where a failed rank aborts the whole job.
+  const std::atomic<bool>* cancelled = nullptr;
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
   unsigned char* data(int rank) const { return regions[rank] + kSharedFlags * sizeof(SharedFlag); }
@@ -38,7 +43,11 @@ struct SharedArena {
     for (std::size_t r = 0; r < regions.size(); ++r) {
       std::atomic<std::uint64_t>& f = flags(static_cast<int>(r))[flag].value;
       Backoff backoff(yield_when_waiting);
-      while (f.load(std::memory_order_acquire) < value) backoff.pause();
+      while (f.load(std::memory_order_acquire) < value) {
+        if (cancelled && cancelled->load(std::memory_order_relaxed))
+          throw Error("shared-memory wait cancelled: the transport aborted the group");
+        backoff.pause();
+      }
     }
   }
 };

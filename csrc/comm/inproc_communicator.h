@@ -1,0 +1,179 @@
+// Communicator for N ranks that are threads of one process (Gloo's test/base_test.h idea): the
+// second implementation of comm/communicator.h, for in-process C++ tests of every algorithm and
+// to keep that interface honest (nothing in it may assume MPI).
+//
+// Matching. Each rank owns a mailbox (mutex + condition variable) holding, in FIFO queues per
+// (source, tag), the sends addressed to it that no receive has taken yet and its receives that
+// no send has reached yet. A send and a receive match when they have the same (source,
+// destination, tag) and are the oldest unmatched ones of their queues, so messages between one
+// pair with one tag arrive in the order they were sent (MPI's non-overtaking rule). Sizes must
+// be equal: the interface has no status to report a shorter message, so a difference is a bug
+// in the caller, and both requests fail (at wait/test) with zcoll::Error naming both sizes.
+//
+// Completion is rendezvous: a send and its receive complete together, when the second of the
+// two is posted, which copies the bytes straight from the send buffer into the receive buffer
+// (under the receiver's mailbox lock). So a send never completes before its receive is posted.
+// This is stricter than MPI's eager small messages on purpose: an algorithm that reuses a send
+// buffer before wait(), or that needs a send to finish before the matching receive is posted,
+// fails (wrong data, or a stall the watchdog reports) at every size instead of only beyond the
+// MPI library's eager limit. Like MPI, no call of the receiver is needed once its receive is
+// posted: irecv; isend; wait(send); wait(recv) on every rank of a ring completes.
+//
+// wait() blocks on the mailbox's condition variable (no spinning, so oversubscription costs
+// nothing here), test() only looks. A communicator is used by one thread at a time, like an
+// MPI rank.
+//
+// Failure and abort. InProcGroup::abort(reason) marks the group aborted and wakes every waiter:
+// waits and tests (blocked or later), posts, shared_arena()'s allocation and the shared arena's
+// flag waits (through SharedArena::cancelled) then throw GroupAborted. run_ranks aborts the
+// group as soon as a rank throws, and also when no message has moved for
+// InProcOptions::stall_seconds (a deadlock), naming what every rank waits for; so a failing or
+// deadlocked algorithm never hangs the test program. Caveat, as with MPI, which keeps
+// progressing a process's pending requests: a rank that throws with requests still posted
+// leaves them posted until the group is aborted, right after that rank's stack has unwound; a
+// peer matching one of them in that window copies from or into the unwound buffer, in a group
+// that is about to abort anyway.
+//
+// Shared arena: one region per rank in plain process memory (64-byte aligned,
+// InProcOptions::shared_arena_bytes of data after the flags), allocated collectively on the
+// first shared_arena() call like MPI_Win_allocate_shared: every rank allocates its own region,
+// publishes it and waits until all ranks have. oversubscribed(): more ranks than the CPUs this
+// process may run on (the arena's flag waits then yield early, comm/backoff.h). No native
+// allreduce: algorithm "mpi" throws std::invalid_argument (Communicator::native_allreduce).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/error.h"
+
+namespace zcoll {
+
+// Thrown by waits on a rank of an aborted group (the reason is the message).
+class GroupAborted : public Error {
+ public:
+  using Error::Error;
+};
+
+// Explicit settings, not the environment: a test says what it exercises (ZCOLL_SHM, which
+// switches MPI's shared-memory path off, is not read here).
+struct InProcOptions {
+  bool shared_arena = true;            // offer the shm path (has_shared_arena)
+  std::size_t shared_arena_bytes = 0;  // data bytes per rank; 0: ZCOLL_SHM_BYTES
+  int cpus = 0;                        // CPUs for oversubscribed(); 0: this process's affinity mask
+  double stall_seconds = 60.0;         // run_ranks: abort when no request moved for this long
+};
+
+class InProcGroup;
+namespace detail {
+struct InProcOp;
+struct InProcMailbox;
+}  // namespace detail
+
+class InProcCommunicator final : public Communicator {
+ public:
+  InProcCommunicator(InProcGroup& group, int rank);
+  ~InProcCommunicator() override;
+  InProcCommunicator(const InProcCommunicator&) = delete;
+  InProcCommunicator& operator=(const InProcCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override;
+  Request isend(const void* buf, std::size_t bytes, int peer, int tag) override;
+  Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
+  void wait(Request& request) override;
+  bool test(Request& request) override;
+  bool oversubscribed() const override;
+  bool has_shared_arena() const override;
+  SharedArena* shared_arena() override;
+
+  // What this rank is blocked on, for the stall report ("" when not blocked).
+  std::string waiting_for() const;
+
+ private:
+  using Op = detail::InProcOp;
+  Request post(bool is_send, void* buf, std::size_t bytes, int peer, int tag);
+  Op& find(const Request& request);
+  void finish(Request& request);
+  void set_waiting(const Op* op, bool in_arena);
+
+  InProcGroup& group_;
+  const int rank_;
+  std::uint64_t next_handle_ = 1;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;  // posted, not yet completed
+  SharedArena arena_;
+  bool arena_ready_ = false;
+  mutable std::mutex waiting_mu_;  // guards the two below (read by run_ranks' watchdog)
+  const Op* waiting_ = nullptr;
+  bool waiting_in_arena_ = false;
+};
+
+class InProcGroup {
+ public:
+  explicit InProcGroup(int size, const InProcOptions& options = {});
+  ~InProcGroup();
+  InProcGroup(const InProcGroup&) = delete;
+  InProcGroup& operator=(const InProcGroup&) = delete;
+
+  int size() const { return static_cast<int>(comms_.size()); }
+  InProcCommunicator& comm(int rank) { return *comms_.at(static_cast<std::size_t>(rank)); }
+  const InProcOptions& options() const { return options_; }
+
+  // Wakes every waiter; every wait from now on throws GroupAborted(reason). The first reason
+  // sticks.
+  void abort(const std::string& reason);
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Requests posted or completed so far (the watchdog's measure of progress).
+  std::uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  int cpus() const { return cpus_; }
+
+ private:
+  friend class InProcCommunicator;
+  detail::InProcMailbox& mailbox(int rank) { return *mailboxes_.at(static_cast<std::size_t>(rank)); }
+  [[noreturn]] void throw_aborted() const;
+
+  InProcOptions options_;
+  int cpus_ = 1;
+  std::vector<std::unique_ptr<detail::InProcMailbox>> mailboxes_;
+  std::vector<std::unique_ptr<InProcCommunicator>> comms_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<std::uint64_t> progress_{0};
+  mutable std::mutex mu_;  // guards abort_reason_ and the arena table
+  std::condition_variable arena_cv_;
+  std::string abort_reason_;
+  std::vector<unsigned char*> arena_regions_;  // owned; freed by the destructor
+  int arena_published_ = 0;
+};
+
+// A rank's exception, as run_ranks rethrows it: "rank R of N: <what>", with the original.
+class RankFailure : public Error {
+ public:
+  RankFailure(int rank, std::exception_ptr original, const std::string& what)
+      : Error(what), rank_(rank), original_(std::move(original)) {}
+  int rank() const { return rank_; }  // -1: the watchdog (no rank threw; a stall)
+  const std::exception_ptr& original() const { return original_; }
+
+ private:
+  int rank_;
+  std::exception_ptr original_;
+};
+
+// Runs fn(comm) for every rank of a new group of `ranks` threads and returns when all are done.
+// The first exception a rank throws aborts the group (the others' waits throw GroupAborted)
+// and is rethrown here as RankFailure; a stall of options.stall_seconds aborts the group too
+// and throws RankFailure(rank -1) describing every rank's wait. Never returns before every
+// thread has finished: it may only be left waiting by a rank that computes forever without
+// communicating.
+void run_ranks(int ranks, const std::function<void(Communicator&)>& fn, const InProcOptions& options = {});
+
+}  // namespace zcoll

@@ -1,0 +1,56 @@
+"""The C++ tests (tests/cpp): every algorithm of every collective on 1..8 thread-ranks over the
+in-process transport, against plain-loop references. The pip build compiles them into
+`zcoll_cpp_tests` beside the benchmark binaries; here each test group runs as one pytest test
+(under a timeout that kills the process), failing with the program's output.
+
+Without pytest: `zcoll_cpp_tests [PATTERN...]`, or `ctest` in a CMake build directory
+(see CMakeLists.txt).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from mpi_util import BIN_DIR, run
+
+BINARY = BIN_DIR / "zcoll_cpp_tests"
+TIMEOUT = 300  # seconds per group; the whole program takes 20-60 s on 2 busy cores
+SUMMARY = re.compile(r"^zcoll_cpp_tests: (\d+) tests, (\d+) checks, (\d+) failed checks in (\d+) tests", re.M)
+
+
+def groups() -> list:
+    """The test groups the installed program has (the part of each test name before the dot)."""
+    if not BINARY.exists():
+        return ["(zcoll_cpp_tests missing)"]
+    listed = subprocess.run([BINARY, "--list"], capture_output=True, text=True, timeout=60, check=True).stdout
+    return sorted({name.split(".")[0] for name in listed.split()})
+
+
+@pytest.mark.parametrize("group", groups())
+def test_cpp_group(group):
+    assert BINARY.exists(), (
+        f"{BINARY} is not installed: the pip build builds it (ZCOLL_BUILD_CPP_TESTS in pyproject.toml)"
+    )
+    rc, out = run([BINARY, f"{group}.*"], timeout=TIMEOUT)
+    assert rc == 0, f"zcoll_cpp_tests '{group}.*' exited {rc}:\n{out}"
+    m = SUMMARY.search(out)
+    assert m, f"no summary line in the output:\n{out}"
+    tests, checks, failed_checks, failed_tests = map(int, m.groups())
+    assert tests >= 1 and checks >= tests and failed_checks == 0 and failed_tests == 0, out
+
+
+def test_failures_are_reported():
+    """A failing check exits 1 naming file:line, the expression, both values and the context; a
+    rank's exception names the rank; a pattern matching nothing fails (a typo is no success)."""
+    assert BINARY.exists()
+    rc, out = run([BINARY, "selftest.*"], timeout=60)
+    assert rc == 1, out
+    assert re.search(r"test_selftest\.cc:\d+: CHECK\(one == 2\) failed: 1 vs 2", out), out
+    assert re.search(r"test_selftest\.cc:\d+: CHECK_THROWS\(.*\) failed: no exception", out), out
+    assert re.search(r"test_selftest\.cc:\d+: the context: CHECK\(one == 3\) failed", out), out
+    assert re.search(r"test_selftest\.cc:\d+: on 3 ranks: rank 1 of 3: rank 1 fails on purpose", out), out
+    assert "selftest." not in subprocess.run([BINARY, "--list"], capture_output=True, text=True).stdout
+    rc, out = run([BINARY, "no_such_group.*"], timeout=60)
+    assert rc == 1 and "no test matches" in out, out
