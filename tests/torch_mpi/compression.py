@@ -79,6 +79,9 @@ def reference(ck: Checks):
 
 
 def compare_with_uncompressed(ck: Checks, compressor, rel_tol, max_byte_ratio=None):
+    """Trains with compressor. rel_tol bounds the distance of its parameters to those of the
+    uncompressed run, relative to how far that run moved from the start: 1.0 is as far off as a
+    model that never moved, so every rel_tol is below it."""
     model, state, sent, _ = train(ck, compressor)
     ref_model, _, ref_sent, _ = reference(ck)
     diff = (flat(model.module) - flat(ref_model.module)).norm() / (
@@ -116,7 +119,9 @@ def case_topk(ck: Checks):
 
 
 def case_randomk(ck: Checks):
-    compare_with_uncompressed(ck, zcoll.RandomK(ratio=0.25, seed=1), rel_tol=1.0)
+    # 0.735 measured on 2 ranks (a quarter of the coordinates per step, the rest owed by error
+    # feedback); the bound was 1.0, which a hook that sends nothing meets too
+    compare_with_uncompressed(ck, zcoll.RandomK(ratio=0.25, seed=1), rel_tol=0.9)
 
 
 def case_threshold(ck: Checks):
