@@ -33,8 +33,6 @@ import time
 import traceback
 from typing import Callable, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/: numerics, error_cases
-
 import numpy as np
 from mpi4py import MPI
 
