@@ -55,7 +55,7 @@ def case_helper(ck: Checks):
 
 
 def case_gloo_local(ck: Checks):
-    ck.raises(Exception, lambda: dist.init_process_group("gloo"), "MASTER_ADDR")
+    ck.raises(RuntimeError, lambda: dist.init_process_group("gloo"), "MASTER_ADDR")
 
 
 def case_gloo_hook(ck: Checks):
@@ -72,7 +72,7 @@ def case_gloo_hook(ck: Checks):
 
 
 def case_torchrun(ck: Checks):
-    ck.raises(Exception, lambda: dist.init_process_group("zcoll"), "mpirun", "torchrun")
+    ck.raises(RuntimeError, lambda: dist.init_process_group("zcoll"), "mpirun", "torchrun")
     ck.raises(RuntimeError, zcoll.torch.init_process_group, "mpirun", "torchrun")
 
 
