@@ -20,7 +20,6 @@ message and exit status 3 otherwise. Run from the repository's venv (./dev.sh se
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn
+
+import perf_table
 
 METHODS = "none,fp16,bf16,int8,int4,sign,topk:0.01,randomk:0.01,threshold:6"
 # At 2 ranks and 16 MiB of float32: minimum speed-up over MPI_Allreduce in the same run.
@@ -108,7 +109,7 @@ class Namespace:
             log(f"namespace {self.name} deleted")
 
     def bench(self, ranks: int, flags: list, csv_path: Path, timeout: float) -> list:
-        """Runs zcoll_allreduce_perf in the namespace, echoing its rows; returns the CSV records."""
+        """Runs zcoll_allreduce_perf in the namespace, echoing its rows; returns the CSV rows."""
         env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **MPI_TCP)
         cmd = [
             "ip",
@@ -133,8 +134,7 @@ class Namespace:
                 raise RuntimeError(f"benchmark exceeded {timeout} s")
         if proc.wait():
             raise RuntimeError(f"zcoll_allreduce_perf exited with status {proc.returncode}")
-        with open(csv_path) as f:
-            return list(csv.DictReader(f))
+        return perf_table.read_csv(csv_path)
 
 
 def measure_link(ns: Namespace, tmp: Path, iters: int) -> float:
@@ -144,35 +144,34 @@ def measure_link(ns: Namespace, tmp: Path, iters: int) -> float:
         tmp / "link.csv",
         timeout=300,
     )
-    ring = next(r for r in rows if r["algorithm"] == "ring")
-    throughput = 2 * float(ring["wire_bytes"]) / (float(ring["time_us"]) * 1e-6)
+    ring = next(r for r in rows if r.algorithm == "ring")
+    throughput = 2 * ring.wire_bytes / (ring.time_us * 1e-6)
     log(
         f"link throughput: {throughput / 1e6:.1f} MB/s (zcoll ring, 16 MiB, 2 ranks: "
-        f"{2 * float(ring['wire_bytes']) / 1e6:.1f} MB in {float(ring['time_us']) / 1e3:.1f} ms)"
+        f"{2 * ring.wire_bytes / 1e6:.1f} MB in {ring.time_us / 1e3:.1f} ms)"
     )
     return throughput
 
 
 def report(records: list, throughput: float) -> list:
     """Adds speed-up and link-time columns; prints one table per rank count; returns the rows."""
-    mpi = {(r["ranks"], r["size"]): float(r["time_us"]) for r in records if r["algorithm"] == "mpi"}
+    mpi = {(r.ranks, r.size): r.time_us for r in records if r.algorithm == "mpi"}
     out = []
     for r in records:
-        p, t = int(r["ranks"]), float(r["time_us"])
-        wire = float(r["wire_bytes"])
+        p, t, wire = r.ranks, r.time_us, r.wire_bytes
         link = p * wire / throughput * 1e6  # MPI's row counts the bytes a ring would send
         out.append(
             dict(
                 ranks=p,
-                size=int(r["size"]),
-                method="none (ring)" if r["algorithm"] == "ring" else r["algorithm"],
+                size=r.size,
+                method="none (ring)" if r.algorithm == "ring" else r.algorithm,
                 time_ms=t / 1e3,
-                vs_mpi=mpi[(r["ranks"], r["size"])] / t,
+                vs_mpi=mpi[(r.ranks, r.size)] / t,
                 wire=wire,
                 link_ms=link / 1e3,
                 vs_link=t / link if link else float("nan"),
-                wrong=int(r["wrong"]),
-                rel_err=float(r["rel_err"]),
+                wrong=r.wrong,
+                rel_err=r.rel_err,
             )
         )
     for p in sorted({o["ranks"] for o in out}):
@@ -302,10 +301,7 @@ def main(argv=None) -> int:
                 ]
                 records += ns.bench(p, flags, Path(tmp) / f"p{p}.csv", timeout=3600)
         args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "emulated_network.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(records[0]))
-            w.writeheader()
-            w.writerows(records)
+        perf_table.write_csv(args.out / "emulated_network.csv", records)
         rows = report(records, throughput)
         met = check_targets(rows)
         plot(rows, args.out / "emulated_network.png")

@@ -11,9 +11,10 @@ algorithm (log-log).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from collections import defaultdict
+
+import perf_table
 
 
 def human(size: int) -> str:
@@ -24,15 +25,15 @@ def human(size: int) -> str:
 
 
 def load(path: str):
-    rows = list(csv.DictReader(open(path)))
+    rows = perf_table.read_csv(path)
     if not rows:
         raise SystemExit(f"{path}: no rows")
     table = defaultdict(dict)  # size -> algorithm -> row
     algos = []
     for r in rows:
-        table[int(r["size"])][r["algorithm"]] = r
-        if r["algorithm"] not in algos:
-            algos.append(r["algorithm"])
+        table[r.size][r.algorithm] = r
+        if r.algorithm not in algos:
+            algos.append(r.algorithm)
     return rows[0], table, algos
 
 
@@ -42,12 +43,12 @@ def markdown(table, algos) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in sorted(table):
         row = table[size]
-        best = min((row[a] for a in zcoll if a in row), key=lambda r: float(r["time_us"]))
+        best = min((row[a] for a in zcoll if a in row), key=lambda r: r.time_us)
         cells = [human(size)]
-        cells += [f"{float(row[a]['busbw_gbs']):.2f}" if a in row else "" for a in algos]
-        cells.append(f"{float(row['mpi']['time_us']) / float(best['time_us']):.2f}x ({best['algorithm']})")
+        cells += [f"{row[a].busbw_gbs:.2f}" if a in row else "" for a in algos]
+        cells.append(f"{row['mpi'].time_us / best.time_us:.2f}x ({best.algorithm})")
         auto = row.get("auto")
-        cells.append(f"{float(auto['time_us']) / float(best['time_us']):.2f}" if auto else "")
+        cells.append(f"{auto.time_us / best.time_us:.2f}" if auto else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -61,11 +62,11 @@ def plot(first, table, algos, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     sizes = sorted(table)
     for a in algos:
-        pts = [(s, float(table[s][a]["busbw_gbs"])) for s in sizes if a in table[s]]
+        pts = [(s, table[s][a].busbw_gbs) for s in sizes if a in table[s]]
         style = "k--" if a == "mpi" else "-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".", label=a)
     ax.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="busbw (GB/s)",
-           title=f"{first['collective']}, {first['ranks']} ranks, {first['type']} {first['redop']}")
+           title=f"{first.collective}, {first.ranks} ranks, {first.type} {first.redop}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,42 +1,72 @@
-"""Launching MPI jobs from pytest so that nothing hangs and failures are readable.
+"""The one launcher of the tests: every subprocess a test starts, MPI job or not, goes through run().
 
-Every job runs under the venv's `mpirun` with `-prepend-rank` (each output line starts with
-`[rank]`), Python scripts as `python -m mpi4py script.py` (an unhandled exception on one rank
-aborts the whole job instead of leaving the others waiting), and a timeout after which the
-whole process tree is killed. 3 and 4 ranks on 2 cores are oversubscribed: MPICH's own
-collectives then busy-spin unless MPIR_CVAR_DEVICE_COLLECTIVES=none, which every job sets.
+1. run(cmd): a new session, stdin closed, stdout + stderr in one stream, and a timeout after
+   which the whole process tree is killed (hydra's proxies start sessions of their own, so the
+   tree is walked through /proc, not only the process group) and the test fails with the tail.
+   The environment: the test's, minus ZCOLL_* settings and torch launcher variables (a
+   developer's shell must not change what a test checks), plus MPIR_CVAR_DEVICE_COLLECTIVES=none
+   (3 and 4 ranks on 2 cores are oversubscribed: MPICH's own collectives then busy-spin) and
+   OMP_NUM_THREADS=1, unless the test's `env` says otherwise; a value of None unsets a variable.
+2. mpirun(n, argv...): the venv's `mpirun -n n -prepend-rank` (each line starts with `[rank]`).
+   python_mpirun(n, script, args...): a Python program as `python -m mpi4py`, so that an
+   exception on one rank aborts the job instead of leaving the others waiting.
+3. Scripts in tests/mpi and tests/torch_mpi speak the protocol of tests/harness.py. script_job()
+   launches one (script, ranks, args, env) once, when a test first asks for one of its cases;
+   check(case) passes when the case was reported PASS with at least min_checks checks. It fails
+   with the case's failure lines (and the output tail, if the case raised), or, for a case never
+   reached, with the job's exit status and the tail of its rank-prefixed output; when every case
+   passed but the job then failed (teardown, MPI_Finalize) or exited unlike its summary line,
+   every case fails. Example:
+
+       @pytest.mark.parametrize("case", case_names("torch_mpi/ddp.py"))
+       def test_ddp(case):
+           script_job("torch_mpi/ddp.py", 2).check(case)
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional
 
 import pytest
+from perf_table import split_ranks  # bench/, on sys.path through conftest.py
 
 TESTS_DIR = Path(__file__).resolve().parent
-MPI_SCRIPTS = TESTS_DIR / "mpi"
+ROOT = TESTS_DIR.parent
 BIN_DIR = Path(sys.executable).parent  # the venv's bin/: mpirun and the zcoll_*_perf binaries
 DEFAULT_TIMEOUT = 120
 MAX_SHOWN = 20000  # characters of output shown in a failure message
+JOB_DEFAULTS = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "OMP_NUM_THREADS": "1"}
+# Launcher variables a developer's shell may hold; a test that wants them passes them explicitly.
+DROPPED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 
 
-def mpi_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["MPIR_CVAR_DEVICE_COLLECTIVES"] = "none"
+class Finished(NamedTuple):
+    returncode: int
+    output: str  # stdout and stderr, interleaved as written
+
+
+def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZCOLL_") and k not in DROPPED}
     env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("ZCOLL_CHECK", None)  # a developer's setting must not change what a test checks
-    env.update(extra or {})
+    env.update(JOB_DEFAULTS)
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
     return env
 
 
 def _descendants(pid: int) -> list:
-    """Every process below pid (hydra's proxies start their own sessions, so killing mpirun's
-    process group alone could leave ranks behind)."""
+    """Every process below pid, found through /proc (hydra's proxies call setsid)."""
     children: dict = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -65,56 +95,175 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             pass
 
 
-def run(cmd: list, env: dict | None = None, timeout: float = DEFAULT_TIMEOUT) -> tuple:
-    """Runs cmd in a new session; returns (exit status, stdout+stderr). On timeout kills the
-    whole tree and fails the test with the output so far."""
+def tail(out: str) -> str:
+    return out if len(out) <= MAX_SHOWN else "...\n" + out[-MAX_SHOWN:]
+
+
+def _start(cmd: list, env, timeout: float, cwd) -> tuple:
+    """(Finished, timed_out). On timeout the whole tree is killed first."""
     proc = subprocess.Popen(
         [str(c) for c in cmd],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=mpi_env(env),
+        errors="replace",
+        env=job_env(env),
+        cwd=cwd,
         start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
+        return Finished(proc.returncode, out), False
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         out, _ = proc.communicate()
-        pytest.fail(
-            f"timed out after {timeout} s (all processes killed): {' '.join(map(str, cmd))}\n{_tail(out)}",
-            pytrace=False,
-        )
-    return proc.returncode, out
+        return Finished(proc.returncode, out), True
 
 
-def _tail(out: str) -> str:
-    return out if len(out) <= MAX_SHOWN else "...\n" + out[-MAX_SHOWN:]
+def run(cmd: list, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT, cwd=None) -> Finished:
+    """Runs cmd (see the module docstring); returns (exit status, output). On timeout kills the
+    whole tree and fails the test with the output so far."""
+    finished, timed_out = _start(cmd, env, timeout, cwd)
+    if timed_out:
+        what = " ".join(map(str, cmd))
+        pytest.fail(f"timed out after {timeout} s (all processes killed): {what}\n{tail(finished.output)}",
+                    pytrace=False)
+    return finished
 
 
-def mpirun(nprocs: int, *argv, env: dict | None = None, timeout: float = DEFAULT_TIMEOUT) -> tuple:
+def mpirun_argv(nprocs: int, *argv) -> list:
+    return [BIN_DIR / "mpirun", "-n", nprocs, "-prepend-rank", *argv]
+
+
+def mpirun(nprocs: int, *argv, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT) -> Finished:
     """mpirun -n nprocs -prepend-rank argv...; returns (exit status, output)."""
-    return run([BIN_DIR / "mpirun", "-n", nprocs, "-prepend-rank", *argv], env=env, timeout=timeout)
+    return run(mpirun_argv(nprocs, *argv), env=env, timeout=timeout)
 
 
-def run_script(
-    script: str, nprocs: int, *args, env: dict | None = None, timeout: float = DEFAULT_TIMEOUT
-) -> str:
-    """Runs tests/mpi/<script> on nprocs ranks; fails the test (showing the rank-prefixed output)
-    unless every rank exits 0. Returns the output."""
-    rc, out = mpirun(
-        nprocs, sys.executable, "-m", "mpi4py", MPI_SCRIPTS / script, *args, env=env, timeout=timeout
-    )
-    if rc != 0:
-        pytest.fail(
-            f"{script} {' '.join(map(str, args))} on {nprocs} ranks exited {rc}:\n{_tail(out)}", pytrace=False
-        )
-    return out
+def python_mpirun(
+    nprocs: int, script, *args, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT
+) -> Finished:
+    """A Python program on nprocs ranks under `python -m mpi4py` (one failing rank aborts all)."""
+    return mpirun(nprocs, sys.executable, "-m", "mpi4py", script, *args, env=env, timeout=timeout)
 
 
-def summary_count(out: str, label: str) -> int:
-    """The N of the `<label>: N cases` line a script's rank 0 prints at the end."""
-    m = re.search(rf"^\[0\] {re.escape(label)}: (\d+) cases", out, re.MULTILINE)
-    assert m, f"no '{label}: N cases' summary in the output:\n{_tail(out)}"
-    return int(m.group(1))
+# -- the result protocol (tests/harness.py) ----------------------------------------------------------
+_CASE = re.compile(r"^ZCOLL-CASE (\S+) (PASS|FAIL) checks=(\d+)(.*)$", re.MULTILINE)
+_SUMMARY = re.compile(r"^ZCOLL-SUMMARY passed=(\d+) failed=(\d+) ranks=(\d+)$", re.MULTILINE)
+
+
+class CaseReport(NamedTuple):
+    rank: Optional[int]  # the rank that printed the line (0, or the one that raised); None: no -prepend-rank
+    status: str  # PASS or FAIL
+    checks: int  # the fewest checks any rank made
+    rest: str  # seconds=..., or what was raised
+
+
+def parse_cases(output: str) -> Dict[str, List[CaseReport]]:
+    """Every ZCOLL-CASE line by case name (a case run by several processes that are each their own
+    MPI world, as under torchrun, has one line from each)."""
+    found: Dict[str, List[CaseReport]] = {}
+    for rank, text in split_ranks(output).items():
+        for m in _CASE.finditer(text):
+            found.setdefault(m.group(1), []).append(
+                CaseReport(rank, m.group(2), int(m.group(3)), m.group(4).strip())
+            )
+    return found
+
+
+def case_lines(output: str, case: str) -> List[str]:
+    """The ZCOLL-CASE and ZCOLL-FAIL lines of one case, from every rank."""
+    pattern = re.compile(rf"^ZCOLL-(CASE|FAIL) {re.escape(case)} .*$", re.MULTILINE)
+    return [
+        f"[{rank}] {m.group(0)}" if rank is not None else m.group(0)
+        for rank, text in split_ranks(output).items()
+        for m in pattern.finditer(text)
+    ]
+
+
+def case_names(script: str) -> List[str]:
+    """The `case_*` functions of tests/<script>, in file order (read without running it)."""
+    tree = ast.parse((TESTS_DIR / script).read_text())
+    return [n.name[5:] for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("case_")]
+
+
+class ScriptJob:
+    """One launch of a protocol script; check(case) answers per case. Made by script_job()."""
+
+    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float):
+        self.script, self.ranks, self.args, self.env, self.timeout = script, ranks, args, env, timeout
+        self.finished: Optional[Finished] = None
+        self.timed_out = False
+        self.seconds = 0.0
+        self.cases: Dict[str, List[CaseReport]] = {}
+
+    def describe(self) -> str:
+        return f"{' '.join([self.script, *self.args])} on {self.ranks} ranks"
+
+    def launch(self) -> Finished:
+        if self.finished is None:
+            start = time.monotonic()
+            argv = [sys.executable, "-m", "mpi4py", TESTS_DIR / self.script, *self.args]
+            cmd = mpirun_argv(self.ranks, *argv)
+            self.finished, self.timed_out = _start(cmd, self.env, self.timeout, None)
+            self.seconds = time.monotonic() - start
+            self.cases = parse_cases(self.finished.output)
+        return self.finished
+
+    def ended_cleanly(self) -> Optional[str]:
+        """None when the job printed its summary and exited as it says; else what went wrong."""
+        rc, out = self.finished
+        if self.timed_out:
+            return f"the job timed out after {self.timeout} s (all its processes killed)"
+        summary = _SUMMARY.search(split_ranks(out).get(0, ""))
+        if summary is None:
+            return f"the job exited {rc} without its summary line"
+        if (rc == 0) != (int(summary.group(2)) == 0):
+            return f"the job exited {rc} after its summary `{summary.group(0)}`"
+        return None
+
+    def check(self, case: str, min_checks: int = 1) -> None:
+        rc, out = self.launch()
+        reports = self.cases.get(case)
+        where = f"{self.describe()} (job took {self.seconds:.0f} s)"
+        if not reports:
+            problem = self.ended_cleanly() or f"the job exited {rc}"
+            pytest.fail(f"{where}: case {case} was not reached; {problem}:\n{tail(out)}", pytrace=False)
+        failed = [r for r in reports if r.status != "PASS"]
+        if failed:
+            lines = case_lines(out, case)
+            raised = any("raised" in r.rest for r in failed)
+            shown = "\n".join(lines) + (f"\n\noutput:\n{tail(out)}" if raised else "")
+            pytest.fail(f"{where}: case {case} failed:\n{shown}", pytrace=False)
+        fewest = min(r.checks for r in reports)
+        if fewest < min_checks:
+            message = f"{where}: case {case} made {fewest} checks, expected at least {min_checks}"
+            pytest.fail(message, pytrace=False)
+        problem = self.ended_cleanly()
+        if problem and all(c in self.cases for c in self.expected_cases()):
+            # every case reported, so nothing else fails for what went wrong after them
+            pytest.fail(f"{where}: case {case} passed, but then {problem}:\n{tail(out)}", pytrace=False)
+
+    def expected_cases(self) -> List[str]:
+        """The cases the job runs: those named on its command line, else all of the script's."""
+        return [a for a in self.args if not a.startswith("--")] or case_names(self.script)
+
+
+_JOBS: Dict[tuple, ScriptJob] = {}
+
+
+def protocol_totals() -> tuple:
+    """(jobs launched, cases reported, checks made) over this session's script jobs; checks count
+    the fewest any rank made in each case."""
+    launched = [j for j in _JOBS.values() if j.finished is not None]
+    reports = [r[0] for j in launched for r in j.cases.values()]
+    return len(launched), len(reports), sum(r.checks for r in reports)
+
+
+def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240) -> ScriptJob:
+    """The launch of tests/<script> with these ranks, args and env, made once per test session."""
+    key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())))
+    if key not in _JOBS:
+        _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout)
+    return _JOBS[key]

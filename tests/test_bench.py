@@ -3,10 +3,11 @@ and bad flags."""
 
 from __future__ import annotations
 
-import csv
+import sys
 
+import perf_table
 import pytest
-from mpi_util import BIN_DIR, mpirun, run
+from mpi_util import BIN_DIR, ROOT, mpirun, run
 
 BENCHES = {  # binary: the algorithms it measures besides mpi
     "allreduce": ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"],
@@ -16,42 +17,30 @@ BENCHES = {  # binary: the algorithms it measures besides mpi
 }
 SMALL = ["-b", "4", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-c", "1"]  # 5 sizes: 4 B .. 16 KiB
 FLAGS = ["-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-a", "-r", "-i", "-t", "--csv", "-h", "--help"]
-WRONG_COLUMN = 8  # size count type redop algorithm time algbw busbw #wrong iters vs_mpi
 
 
 def binary(name: str) -> str:
     return str(BIN_DIR / f"zcoll_{name}_perf")
 
 
-def table_rows(out: str) -> list:
-    """The result rows rank 0 printed, split into columns."""
-    rows = []
-    for line in out.splitlines():
-        if not line.startswith("[0] "):
-            continue
-        cols = line[4:].split()
-        if cols and not line[4:].lstrip().startswith("#"):
-            rows.append(cols)
-    return rows
-
-
 def run_bench(name: str, nprocs: int, *flags) -> list:
     """Runs a checked benchmark; asserts exit 0 and no wrong element in any row; returns rows."""
     rc, out = mpirun(nprocs, binary(name), *SMALL, *flags)
     assert rc == 0, f"zcoll_{name}_perf exited {rc}:\n{out}"
-    rows = table_rows(out)
-    assert rows, f"no result rows:\n{out}"
-    wrong = [r for r in rows if r[WRONG_COLUMN] != "0"]
+    table = perf_table.parse(out)
+    assert (table.collective, table.ranks) == (name, nprocs), out
+    assert table.rows, f"no result rows:\n{out}"
+    wrong = [r for r in table.rows if r.wrong != 0]
     assert not wrong, f"rows with wrong elements: {wrong}\n{out}"
-    assert "# Out of bounds values : 0 OK" in out
-    return rows
+    assert table.out_of_bounds == 0, out
+    return table.rows
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", list(BENCHES))
 def test_checked_run(name, nprocs):
     rows = run_bench(name, nprocs)
-    algorithms = {r[4] for r in rows}
+    algorithms = {r.algorithm for r in rows}
     assert algorithms == set(BENCHES[name]) | {"mpi"}
     assert len(rows) == 5 * len(algorithms), "one row per size and algorithm"
 
@@ -71,19 +60,22 @@ def test_checked_run_options(name, flags):
     """Other dtypes, ops, roots, in-place and algorithm subsets, on 3 ranks."""
     rows = run_bench(name, 3, *flags)
     if "-d" in flags:
-        assert {r[2] for r in rows} == {flags[flags.index("-d") + 1]}
+        assert {r.type for r in rows} == {flags[flags.index("-d") + 1]}
     if "-a" in flags:
-        assert {r[4] for r in rows} == set(flags[flags.index("-a") + 1].split(",")) | {"mpi"}
+        assert {r.algorithm for r in rows} == set(flags[flags.index("-a") + 1].split(",")) | {"mpi"}
 
 
 def test_csv(tmp_path):
     path = tmp_path / "rows.csv"
     rows = run_bench("allreduce", 2, "-a", "ring", "--csv", str(path))
-    with open(path) as f:
-        records = list(csv.DictReader(f))
+    records = perf_table.read_csv(path)
     assert len(records) == len(rows) == 10
-    assert {r["algorithm"] for r in records} == {"ring", "mpi"}
-    assert all(r["wrong"] == "0" and r["ranks"] == "2" for r in records)
+    assert {r.algorithm for r in records} == {"ring", "mpi"}
+    assert all(r.wrong == 0 and r.ranks == 2 for r in records)
+    # the printed table and the CSV agree (the CSV has more digits)
+    for printed, written in zip(rows, records):
+        assert (printed.size, printed.algorithm) == (written.size, written.algorithm)
+        assert printed.wrong == written.wrong
 
 
 @pytest.mark.parametrize("name", list(BENCHES))
@@ -120,3 +112,13 @@ def test_bad_root():
     rc, out = mpirun(2, binary("broadcast"), "-r", "2", *SMALL)
     assert rc != 0
     assert "root 2 out of range for 2 ranks" in out
+
+
+def test_report_reads_the_csv(tmp_path):
+    """bench/report.py turns a --csv file into one markdown row per size."""
+    path = tmp_path / "rows.csv"
+    run_bench("allreduce", 2, "-a", "ring,tree", "--csv", str(path))
+    rc, out = run([sys.executable, ROOT / "bench" / "report.py", path])
+    assert rc == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    assert len(rows) == 5 and all(row.count("|") == 7 for row in rows), out  # size ring tree mpi best auto

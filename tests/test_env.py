@@ -3,20 +3,19 @@ value is a ValueError naming the variable and its valid values, an explicit argu
 environment, and `zcoll info` lists every setting with where it came from."""
 
 import os
-import subprocess
 import sys
 
 import pytest
+from mpi_util import run
 
 from zcoll import _C
 
 VARIABLES = [s["name"] for s in _C.env_settings()]
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("ZCOLL_")}
-    full.update(env)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
+def _python(code: str, **env: str):
+    """(exit status, output) of `python -c code` with env (the launcher drops inherited ZCOLL_*)."""
+    return run([sys.executable, "-c", code], env=env, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -61,33 +60,27 @@ def test_unknown_variable_lists_known_ones():
 
 
 def test_bad_environment_fails_at_first_use_not_silently():
-    r = _python("import zcoll, numpy as np; zcoll._C.simd_level()", ZCOLL_SIMD="sse9")
-    assert r.returncode != 0 and "ZCOLL_SIMD='sse9' is not valid" in r.stderr, r.stderr
-    r = _python("import zcoll; print(zcoll.Communicator().wait_policy)", ZCOLL_WAIT="busy")
-    assert r.returncode != 0 and "ZCOLL_WAIT='busy'" in r.stderr, r.stderr
+    rc, out = _python("import zcoll, numpy as np; zcoll._C.simd_level()", ZCOLL_SIMD="sse9")
+    assert rc != 0 and "ZCOLL_SIMD='sse9' is not valid" in out, out
+    rc, out = _python("import zcoll; print(zcoll.Communicator().wait_policy)", ZCOLL_WAIT="busy")
+    assert rc != 0 and "ZCOLL_WAIT='busy'" in out, out
 
 
 def test_explicit_argument_beats_environment():
     code = "import zcoll; print(zcoll.Communicator()._check, zcoll.Communicator(check=False)._check)"
-    r = _python(code, ZCOLL_CHECK="on")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False"]
+    rc, out = _python(code, ZCOLL_CHECK="on")
+    assert rc == 0, out
+    assert out.split() == ["True", "False"], out
 
 
 def test_info_lists_every_setting_and_its_source():
-    r = subprocess.run(
-        [sys.executable, "-m", "zcoll", "info"],
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("ZCOLL_")}, "ZCOLL_PIPELINE_DEPTH": "6"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
+    rc, out = run([sys.executable, "-m", "zcoll", "info"], env={"ZCOLL_PIPELINE_DEPTH": "6"}, timeout=60)
+    assert rc == 0, out
     for name in VARIABLES:
-        assert name in r.stdout
-    line = next(l for l in r.stdout.splitlines() if "ZCOLL_PIPELINE_DEPTH" in l)
+        assert name in out
+    line = next(l for l in out.splitlines() if "ZCOLL_PIPELINE_DEPTH" in l)
     assert "6" in line and "(environment)" in line
-    line = next(l for l in r.stdout.splitlines() if "ZCOLL_SHM_BYTES" in l)
+    line = next(l for l in out.splitlines() if "ZCOLL_SHM_BYTES" in l)
     assert "(default)" in line
 
 

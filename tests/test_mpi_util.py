@@ -1,5 +1,6 @@
-"""The launcher itself: a hanging job is killed whole at its timeout, and an exception on one rank
-ends the job instead of leaving the other ranks waiting."""
+"""The launcher and the result protocol themselves: a hanging job is killed whole at its timeout,
+an exception on one rank ends the job instead of leaving the other ranks waiting, and every way a
+case can fail is reported as a failure of that case (tests/mpi/protocol_cases.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from mpi_util import mpirun
+from mpi_util import case_names, mpirun, script_job
 
 
 def processes_with(marker: str) -> list:
@@ -47,3 +48,43 @@ def test_exception_on_one_rank_aborts_the_job():
     assert rc != 0
     assert "[1] " in out and "rank 1 failed on purpose" in out, out
     assert time.monotonic() - start < 30
+
+
+# case: the words its failure message must contain (None: the case passes)
+PROTOCOL = {
+    "passes": None,
+    "fails_one_check_of_three": [
+        "case fails_one_check_of_three failed",
+        "[1] ZCOLL-FAIL",
+        "rank 1 fails this check",
+    ],
+    "checks_nothing_on_rank_1": ["ranks 1 made no check"],
+    "differs_between_ranks": ["result bits differ between rank 0 and ranks 1"],
+    "raises_the_wrong_exception": ["expected ValueError, got IndexError"],
+    "raises_on_rank_1": ["raised RuntimeError on rank 1", "rank 1 raised on purpose", "Traceback"],
+    "never_reached": ["was not reached", "without its summary line"],
+}
+
+
+def test_protocol_cases_cover_the_script():
+    assert list(PROTOCOL) == case_names("mpi/protocol_cases.py")
+
+
+@pytest.mark.parametrize("case", list(PROTOCOL))
+def test_protocol_reports_each_case(case):
+    job = script_job("mpi/protocol_cases.py", 2, timeout=60)
+    if PROTOCOL[case] is None:
+        job.check(case, min_checks=5)
+        with pytest.raises(pytest.fail.Exception, match="made 5 checks, expected at least 6"):
+            job.check(case, min_checks=6)
+        return
+    with pytest.raises(pytest.fail.Exception) as failure:
+        job.check(case)
+    missing = [w for w in PROTOCOL[case] if w not in str(failure.value)]
+    assert not missing, f"{missing} not in:\n{failure.value}"
+
+
+def test_protocol_reports_a_job_that_fails_after_its_cases():
+    job = script_job("mpi/protocol_cases.py", 2, "--fail-after", "passes", timeout=60)
+    with pytest.raises(pytest.fail.Exception, match="case passes passed, but then the job exited"):
+        job.check("passes")

@@ -1,38 +1,38 @@
 """The "zcoll" torch.distributed backend under a real mpirun: every collective, op and dtype
 (tests/torch_mpi/collectives.py, one launch per world size), the ways to start it, and the
-errors when it cannot start."""
+errors when it cannot start (tests/torch_mpi/startup.py)."""
 
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
-from torch_util import SCRIPTS, CaseResults, case_names, mpirun, run
+from mpi_util import BIN_DIR, TESTS_DIR, case_names, parse_cases, run, script_job, tail
 
-COLLECTIVES = {n: CaseResults("collectives.py", n) for n in (2, 3)}
+STARTUP = {"plain": 3, "helper": 3, "gloo_local": 2, "gloo_hook": 2}  # case: ranks (torchrun apart)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("case", case_names("collectives.py"))
+@pytest.mark.parametrize("case", case_names("torch_mpi/collectives.py"))
 def test_collectives(case, ranks):
-    COLLECTIVES[ranks].check(case)
+    script_job("torch_mpi/collectives.py", ranks).check(case)
 
 
-@pytest.mark.parametrize("mode,ranks", [("plain", 3), ("helper", 3), ("gloo_local", 2), ("gloo_hook", 2)])
-def test_startup_under_mpirun(mode, ranks):
-    res = mpirun("startup.py", ranks, mode, timeout=120)
-    assert res.stdout.count(f"STARTUP-OK {mode}") == ranks, res.stdout[-5000:]
+@pytest.mark.parametrize("case", list(STARTUP))
+def test_startup_under_mpirun(case):
+    ranks = STARTUP[case]
+    same_ranks = [c for c in STARTUP if STARTUP[c] == ranks]
+    script_job("torch_mpi/startup.py", ranks, *same_ranks, timeout=120).check(case)
 
 
 def test_torchrun_is_refused_with_a_clear_error():
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun, "torchrun is installed with torch"
-    res = run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "startup.py"), "torchrun"],
+    torchrun = BIN_DIR / "torchrun"
+    assert torchrun.exists(), "torchrun is installed with torch"
+    rc, out = run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", TESTS_DIR / "torch_mpi/startup.py", "torchrun"],
         timeout=120,
-        env={"OMP_NUM_THREADS": "1"},
     )
-    assert res.stdout.count("STARTUP-OK torchrun") == 2, res.stdout[-5000:]
+    reports = parse_cases(out).get("torchrun", [])
+    # each torchrun process is an MPI world of its own and reports the case itself
+    assert [r.status for r in reports] == ["PASS", "PASS"] and rc == 0, tail(out)
 
 
 def test_import_zcoll_leaves_torch_and_mpi_alone():
@@ -41,5 +41,5 @@ def test_import_zcoll_leaves_torch_and_mpi_alone():
         "import zcoll.torch; assert not zcoll._C.mpi_initialized(), 'zcoll.torch started MPI'; "
         "import torch.distributed as dist; assert dist.Backend.ZCOLL == 'zcoll'; print('IMPORT-OK')"
     )
-    res = run([sys.executable, "-c", code], timeout=60)
-    assert "IMPORT-OK" in res.stdout, res.stdout
+    rc, out = run([sys.executable, "-c", code], timeout=60)
+    assert rc == 0 and "IMPORT-OK" in out, out

@@ -3,17 +3,16 @@ single-process reference, identical parameters on every rank, gradient accumulat
 the large-batch step and N times fewer bytes."""
 
 import pytest
-from torch_util import CaseResults, case_names
+from mpi_util import case_names, script_job
 
 ON_THREE = ["ddp_builtin_allreduce", "ddp_allreduce_hook", "gradient_accumulation_adam_equals_large_batch"]
-DDP = {2: CaseResults("ddp.py", 2), 3: CaseResults("ddp.py", 3, *ON_THREE)}
 
 
-@pytest.mark.parametrize("case", case_names("ddp.py"))
+@pytest.mark.parametrize("case", case_names("torch_mpi/ddp.py"))
 def test_ddp_two_ranks(case):
-    DDP[2].check(case)
+    script_job("torch_mpi/ddp.py", 2).check(case)
 
 
 @pytest.mark.parametrize("case", ON_THREE)
 def test_ddp_three_ranks(case):
-    DDP[3].check(case)
+    script_job("torch_mpi/ddp.py", 3, *ON_THREE).check(case)

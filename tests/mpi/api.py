@@ -1,6 +1,6 @@
 """The Python API on every kind of array object, and its errors, at any world size.
 
-    mpirun -n P python -m mpi4py tests/mpi/api.py
+    mpirun -n P python -m mpi4py tests/mpi/api.py [case ...]
 
 1. Objects: numpy arrays (1-D and 2-D), CPU torch tensors (float32, float16, bfloat16), an
    object with DLPack only, and buffer-protocol objects (array.array, bytearray) through every
@@ -14,7 +14,12 @@
 
 from __future__ import annotations
 
-from harness import WORLD, Checker  # first: puts tests/ on sys.path
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import WORLD, Checks, run_cases  # noqa: E402
 
 # isort: split
 import array
@@ -38,7 +43,7 @@ class Kind:
             torch_dtype,
         )
 
-    def check_new(self, ck: Checker, what: str, res, shape: tuple) -> bool:
+    def check_new(self, ck: Checks, what: str, res, shape: tuple) -> bool:
         """A result the collective allocated: same kind as the input (numpy for plain buffers)."""
         if not isinstance(res, self.new_type):
             return ck.check(False, what, f"returned {type(res).__name__}, expected {self.new_type.__name__}")
@@ -86,12 +91,16 @@ def rank_values(rank: int) -> np.ndarray:
     return np.arange(N, dtype=np.float64) + 10 * rank
 
 
-def check_objects(comm, ck: Checker) -> None:
+COMM = zcoll.Communicator()
+
+
+def case_objects(ck: Checks) -> None:
+    """1. Every kind of array object through every collective."""
     for kind in KINDS:
-        check_kind(comm, ck, kind)
+        check_kind(COMM, ck, kind)
 
 
-def check_kind(comm, ck: Checker, kind: Kind) -> None:
+def check_kind(comm, ck: Checks, kind: Kind) -> None:
     p, rank = comm.size, comm.rank
     total = sum(rank_values(r) for r in range(p))
 
@@ -106,13 +115,11 @@ def check_kind(comm, ck: Checker, kind: Kind) -> None:
 
     x = fresh()
     shape = shape_of(x)
-    ck.case()
     res = comm.allreduce(x)
     if kind.check_new(ck, f"{kind.name} allreduce", res, shape):
         same("allreduce", res, total)
     same("allreduce leaves its input alone", x, rank_values(rank))
 
-    ck.case()
     ptr = x.data_ptr() if isinstance(x, torch.Tensor) else None
     res = comm.allreduce(x, out=x)
     if ck.check(res is x, f"{kind.name} allreduce out=x", "did not return x itself"):
@@ -120,30 +127,25 @@ def check_kind(comm, ck: Checker, kind: Kind) -> None:
         if ptr is not None:
             ck.check(x.data_ptr() == ptr, f"{kind.name} allreduce in place", "tensor storage moved")
 
-    ck.case()
     x, out = fresh(), kind.make([0] * N)
     res = comm.allreduce(x, op="max", out=out)
     if ck.check(res is out, f"{kind.name} allreduce out=other", "did not return out"):
         same("allreduce max into out", out, rank_values(p - 1))
 
-    ck.case()
     x = fresh()
     res = comm.broadcast(x, root=p - 1)
     if ck.check(res is x, f"{kind.name} broadcast", "did not return x itself"):
         same("broadcast", x, rank_values(p - 1))
 
-    ck.case()
     res = comm.allgather(fresh())
     if kind.check_new(ck, f"{kind.name} allgather", res, (p, *shape)):
         same("allgather", res, np.concatenate([rank_values(r) for r in range(p)]))
 
-    ck.case()
     block = zcoll.block_range(N, p, rank)
     res = comm.reduce_scatter(fresh())
     if kind.check_new(ck, f"{kind.name} reduce_scatter", res, (len(block),)):
         same("reduce_scatter", res, total[block.start : block.stop])
 
-    ck.case()
     res = comm.reduce(fresh(), root=0, op="min")
     if rank != 0:
         ck.check(res is None, f"{kind.name} reduce", f"non-root got {type(res).__name__}, expected None")
@@ -151,25 +153,25 @@ def check_kind(comm, ck: Checker, kind: Kind) -> None:
         same("reduce min", res, rank_values(0))
 
 
-def check_read_only_inputs(comm, ck: Checker) -> None:
+def case_read_only_inputs(ck: Checks) -> None:
     """Inputs may be read-only (a read-only numpy array, bytes, a read-only DLPack export)."""
+    comm = COMM
     p = comm.size
     for name, x in [
         ("read-only numpy", read_only(np.full(4, comm.rank + 1, np.int32))),
         ("bytes", bytes([comm.rank + 1] * 4)),
         ("read-only DLPack", DLPackOnly(read_only(np.full(4, comm.rank + 1.0)))),
     ]:
-        ck.case()
         res = comm.allreduce(x)
         expected = [p * (p + 1) // 2] * 4
         ok = isinstance(res, np.ndarray) and res.tolist() == expected
         ck.check(ok, f"allreduce of {name}", f"got {res!r}, expected {expected}")
 
 
-def check_zero_copy_out(comm, ck: Checker) -> None:
+def case_zero_copy_out(ck: Checks) -> None:
     """A torch `out` receives the result in its own storage, for every floating torch dtype."""
+    comm = COMM
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        ck.case()
         x = torch.full((3, 5), float(comm.rank + 1), dtype=dtype)
         out = torch.empty((3, 5), dtype=dtype)
         ptr = out.data_ptr()
@@ -179,11 +181,12 @@ def check_zero_copy_out(comm, ck: Checker) -> None:
         ck.check(ok, f"torch {dtype} allreduce avg out=", f"got {res} (same object: {res is out})")
 
 
-def check_errors(comm, ck: Checker) -> None:
+def case_errors(ck: Checks) -> None:
+    """2. Bad calls raise on every rank before any traffic; the communicator still works."""
+    comm = COMM
     for name, call, exc, words in BAD_CALLS:
-        ck.case()
         before = comm.stats()
-        ck.raises(exc, functools.partial(call, comm), name, words)
+        ck.raises(exc, functools.partial(call, comm), *words.split(), what=name)
         ck.check(comm.stats() == before, name, f"traffic counters moved: {before} -> {comm.stats()}")
     # Stray messages from a rank that went ahead would corrupt these (same tags as the calls above).
     x = np.full(5, comm.rank + 1.0, dtype=np.float32)
@@ -197,7 +200,6 @@ def check_errors(comm, ck: Checker) -> None:
             lambda: comm.broadcast(np.full(5, comm.size - 1.0, np.float32) if comm.rank == 0 else x.copy()),
         ),
     ]:
-        ck.case()
         res = call()
         expected = total if name != "broadcast" else np.full(5, comm.size - 1.0, np.float32)
         if res is not None:  # reduce: None on non-root ranks
@@ -206,9 +208,8 @@ def check_errors(comm, ck: Checker) -> None:
             )
 
 
-def check_subcommunicator(ck: Checker) -> None:
+def case_subcommunicator(ck: Checks) -> None:
     """Communicator(comm) over an mpi4py sub-communicator: even and odd ranks reduce apart."""
-    ck.case()
     sub = WORLD.Split(WORLD.rank % 2, WORLD.rank)
     with zcoll.Communicator(sub) as c:
         mine = [r for r in range(WORLD.size) if r % 2 == WORLD.rank % 2]
@@ -218,8 +219,7 @@ def check_subcommunicator(ck: Checker) -> None:
     sub.Free()
 
 
-def check_free(ck: Checker) -> None:
-    ck.case()
+def case_free(ck: Checks) -> None:
     c = zcoll.Communicator()
     with c:
         ck.check(not c.freed, "context manager", "freed too early")
@@ -237,21 +237,8 @@ def check_free(ck: Checker) -> None:
         ("size", lambda: c.size),
         ("stats", c.stats),
     ]:
-        ck.raises(ValueError, call, f"{name} on a freed communicator", "freed")
-
-
-def main() -> None:
-    ck = Checker("api")
-    comm = zcoll.Communicator()
-    check_objects(comm, ck)
-    check_read_only_inputs(comm, ck)
-    check_zero_copy_out(comm, ck)
-    check_errors(comm, ck)
-    check_subcommunicator(ck)
-    check_free(ck)
-    comm.free()
-    ck.finish()
+        ck.raises(ValueError, call, "freed", what=f"{name} on a freed communicator")
 
 
 if __name__ == "__main__":
-    main()
+    run_cases(globals(), teardown=COMM.free)

@@ -1,8 +1,8 @@
 """Every collective x algorithm x dtype x op against a numpy reference, at any world size.
 
-    mpirun -n P python -m mpi4py tests/mpi/collectives.py [--torch] COLLECTIVE...
+    mpirun -n P python -m mpi4py tests/mpi/collectives.py [--torch] [case ...]
 
-COLLECTIVE: allreduce reduce_scatter allgather broadcast reduce barrier. Arrays are numpy
+Cases, one per collective: allreduce reduce_scatter reduce allgather broadcast barrier. Arrays are numpy
 (every dtype numpy has: all but bfloat16); with --torch they are CPU torch tensors of bfloat16
 and float16 (zero-copy: results must land in the tensors passed).
 
@@ -25,10 +25,14 @@ comm.pipeline_depth rotating over PIPELINES so multi-segment code runs on small 
 
 from __future__ import annotations
 
-from harness import WORLD, Checker, rng_for  # first: puts tests/ on sys.path
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import WORLD, Checks, option, rng_for, run_cases  # noqa: E402
 
 # isort: split
-import sys
 import time
 from dataclasses import dataclass
 
@@ -370,11 +374,13 @@ CASES = {
 
 # -- running them ---------------------------------------------------------------------------------
 class Tester:
-    def __init__(self, kind, checker: Checker):
+    """Runs Cases of one kind of array on one communicator; self.ck: the checks of the running case."""
+
+    def __init__(self, kind):
         self.comm = zcoll.Communicator()
         self.p, self.rank = self.comm.size, self.comm.rank
         self.kind = kind
-        self.ck = checker
+        self.ck: Checks = None
         self._last_inputs: tuple = (None, [])
 
     def all_inputs(self, case: Case) -> list:
@@ -429,7 +435,6 @@ class Tester:
             self.compare(case, got, reduce_all(inputs, case.dtype, case.op)[block], case.inputs != "nan")
 
     def run(self, case: Case) -> None:
-        self.ck.case()
         self.comm.segment_bytes, self.comm.pipeline_depth = case.segment_bytes, case.depth
         try:
             getattr(self, "run_" + case.collective)(case, self.all_inputs(case))
@@ -503,14 +508,13 @@ class Tester:
             self.compare(case, res, inputs[case.root])
 
 
-def check_barrier(comm, ck: Checker) -> None:
+def check_barrier(comm, ck: Checks) -> None:
     """Nobody leaves a barrier before the last rank has entered it (the late rank rotates);
     then many barriers back to back, each counted once in stats()."""
     p = comm.size
     rounds = 2 * p
     times = np.zeros((rounds, 2))
     for k in range(rounds):
-        ck.case()
         if comm.rank == k % p:
             time.sleep(0.03)
         times[k, 0] = time.monotonic()
@@ -525,27 +529,45 @@ def check_barrier(comm, ck: Checker) -> None:
             f"barrier round {k} (rank {k % p} late)",
             f"a rank left {last_in - first_out:.6f} s before the last one entered",
         )
-    ck.case()
     before = comm.stats()["collectives"]
     for _ in range(200):
         comm.barrier()
     ck.check(comm.stats()["collectives"] - before == 200, "200 barriers", f"stats: {comm.stats()}")
 
 
-def main(argv: list) -> None:
-    kind = TorchArrays() if "--torch" in argv else NumpyArrays()
-    collectives = [a for a in argv if not a.startswith("--")]
-    ck = Checker(f"collectives {kind.name} {' '.join(collectives)}")
-    tester = Tester(kind, ck)
-    for collective in collectives:
-        if collective == "barrier":
-            check_barrier(tester.comm, ck)
-            continue
-        large = [c for c in large_cases(kind.dtypes, tester.p) if c.collective == collective]
-        for case in [*CASES[collective](kind.dtypes, tester.p), *large]:
-            tester.run(case)
-    ck.finish()
+TESTER = Tester(TorchArrays() if option("torch") is not None else NumpyArrays())
+
+
+def run_collective(collective: str, ck: Checks) -> None:
+    TESTER.ck = ck
+    large = [c for c in large_cases(TESTER.kind.dtypes, TESTER.p) if c.collective == collective]
+    for case in [*CASES[collective](TESTER.kind.dtypes, TESTER.p), *large]:
+        TESTER.run(case)
+
+
+def case_allreduce(ck: Checks) -> None:
+    run_collective("allreduce", ck)
+
+
+def case_reduce_scatter(ck: Checks) -> None:
+    run_collective("reduce_scatter", ck)
+
+
+def case_reduce(ck: Checks) -> None:
+    run_collective("reduce", ck)
+
+
+def case_allgather(ck: Checks) -> None:
+    run_collective("allgather", ck)
+
+
+def case_broadcast(ck: Checks) -> None:
+    run_collective("broadcast", ck)
+
+
+def case_barrier(ck: Checks) -> None:
+    check_barrier(TESTER.comm, ck)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cases(globals(), teardown=TESTER.comm.free)

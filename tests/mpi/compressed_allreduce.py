@@ -1,6 +1,7 @@
-"""Compressed allreduce under mpirun (any world size): `python -m mpi4py compressed_allreduce.py SUITE`.
+"""Compressed allreduce under mpirun (any world size):
+`mpirun -n P python -m mpi4py compressed_allreduce.py [case ...]`.
 
-Suites:
+Cases:
   identical  every compressor x dtype x size x op x segment size: results bitwise identical on
              every rank and within the documented error bound of the exact sum; top-k equals a
              numpy reference (per-segment top-k of every rank, added in rank order) bit for bit
@@ -9,18 +10,22 @@ Suites:
   nonfinite  NaN / Inf on one rank: FloatingPointError naming the key on every rank, and the
              communicator and the compressor work afterwards; check mode catches ranks passing
              different compressors
-An assertion on one rank aborts the job (python -m mpi4py). Rank 0 prints "OK SUITE CHECKS".
+Results are reported through tests/harness.py.
 """
 
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import WORLD, Checks, run_cases  # noqa: E402
+
+# isort: split
 import numpy as np
 import torch
 import zcoll
-from mpi4py import MPI
 
 comm = zcoll.Communicator()
-world = MPI.COMM_WORLD
 rank, p = comm.rank, comm.size
 
 SIZES = [0, 1, 7, 255, 256, 257, 1000, 4099, 65537]
@@ -104,7 +109,8 @@ def bound(name, c, xs, exact, op):
     return b / p if op == "avg" else b
 
 
-def check(name, dtype, n, op, seg, in_place, depth=0):
+def check(ck: Checks, name, dtype, n, op, seg, in_place, depth=0):
+    what = f"{name} {dtype} n={n} {op} seg={seg} depth={depth}{' in place' if in_place else ''}"
     c = COMPRESSORS[name]()
     xs = inputs(n, dtype)
     exact = np.sum(xs, axis=0) / (p if op == "avg" else 1) if n else np.zeros(0)
@@ -112,22 +118,18 @@ def check(name, dtype, n, op, seg, in_place, depth=0):
     comm.segment_bytes, comm.pipeline_depth = seg, depth
     y = comm.allreduce(x, op=op, compression=c, out=x if in_place else None)
     comm.segment_bytes, comm.pipeline_depth = 0, 0
-    assert (y is x) == in_place
-    everyone = world.allgather(raw_bytes(y))
-    assert all(b == everyone[0] for b in everyone), f"{name} {dtype} n={n} {op}: ranks differ"
+    ck.check((y is x) == in_place, what, f"returned its input: {y is x}")
+    ck.same_on_all_ranks(what, raw_bytes(y))
     err = np.abs(as_f64(y) - exact)
     allowed = bound(name, c, xs, exact, op) + np.abs(exact) * U[dtype]
     bad = np.flatnonzero(~(err <= allowed))
-    assert bad.size == 0, (
-        f"{name} {dtype} n={n} {op} seg={seg}: {bad.size} elements outside the bound, "
-        f"first {bad[0]}: err {err[bad[0]]} > {allowed[bad[0]]}"
-    )
+    outside = "" if bad.size == 0 else f"first {bad[0]}: err {err[bad[0]]} > {allowed[bad[0]]}"
+    ck.check(bad.size == 0, what, f"{bad.size} elements outside the bound, {outside}")
     s = c.last_stats
-    assert s.nonfinite == 0 and s.count == n and (s.wire_bytes > 0) == (p > 1 and n > 0), s
-    return 1
+    ck.check(s.nonfinite == 0 and s.count == n and (s.wire_bytes > 0) == (p > 1 and n > 0), what, f"{s}")
 
 
-def blockwise_topk_sum(c, xs):
+def blockwise_topk_sum(ck: Checks, c, xs):
     """numpy reference of a top-k allreduce without error feedback (op sum, float32): every
     rank's per-segment top-k (ties to the lower index), added in rank order in float32."""
     n = xs[0].size
@@ -135,36 +137,37 @@ def blockwise_topk_sum(c, xs):
     for x in xs:
         x32 = x.astype(np.float32)
         for lo, hi, k in c.segments(n):
-            assert k == max(1, min(hi - lo, int(c.ratio * (hi - lo) + 0.5)))
+            want_k = max(1, min(hi - lo, int(c.ratio * (hi - lo) + 0.5)))
+            ck.check(k == want_k, f"top-k segments of n={n}", f"[{lo}, {hi}) keeps {k}, expected {want_k}")
             i = lo + np.argsort(-np.abs(x32[lo:hi]), kind="stable")[:k]
             y[i] += x32[i]
     return y
 
 
-def check_topk_reference(n, ratio, seg):
+def check_topk_reference(ck: Checks, n, ratio, seg):
     """The result equals the numpy reference bit for bit, whatever the pipeline segment size."""
+    what = f"top-k n={n} ratio={ratio} seg={seg}"
     c = zcoll.TopK(ratio, error_feedback=False)
     xs = inputs(n, "float32", salt=1)
     comm.segment_bytes = seg
     y = comm.allreduce(xs[rank].astype(np.float32), compression=c)
     comm.segment_bytes = 0
-    want = blockwise_topk_sum(c, xs)
-    assert c.last_stats.pairs == p * sum(k for _, _, k in c.segments(n))
+    want = blockwise_topk_sum(ck, c, xs)
+    pairs = p * sum(k for _, _, k in c.segments(n))
+    ck.check(c.last_stats.pairs == pairs, what, f"{c.last_stats.pairs} pairs, expected {pairs}")
     if c.last_stats.dense_fallback:  # a ring adds in another order: float rounding only
-        assert 2 * c.last_stats.pairs > n
+        ck.check(2 * c.last_stats.pairs > n, what, f"dense fallback with {c.last_stats.pairs} pairs")
         slack = p * 2.0**-23 * np.sum([np.abs(x) for x in xs], axis=0)
-        assert np.all(np.abs(y.astype(np.float64) - want) <= slack), f"top-k n={n} ratio={ratio} (dense)"
+        ck.check(np.all(np.abs(y.astype(np.float64) - want) <= slack), what, "dense: beyond float rounding")
     else:
-        assert 2 * c.last_stats.pairs <= n
-        assert y.tobytes() == want.tobytes(), f"top-k n={n} ratio={ratio}: not the reference"
-    return 1
+        ck.check(2 * c.last_stats.pairs <= n, what, f"sparse with {c.last_stats.pairs} pairs")
+        ck.check(y.tobytes() == want.tobytes(), what, "not the reference")
 
 
-def suite_identical():
-    checks = 0
+def case_identical(ck: Checks):
     for n, ratio in ((1000, 0.01), (65537, 0.01), ((1 << 18) + 3, 0.001), (40000, 0.2)):
         for seg in (0, 4096):
-            checks += check_topk_reference(n, ratio, seg)
+            check_topk_reference(ck, n, ratio, seg)
     for name in COMPRESSORS:
         dtypes = (
             ["float32", "float16", "bfloat16"] if name in ("int8", "fp16", "bf16", "topk") else ["float32"]
@@ -172,17 +175,15 @@ def suite_identical():
         for dtype in dtypes:
             for n in SIZES:
                 for op in ("sum", "avg"):
-                    checks += check(name, dtype, n, op, 0, in_place=n == 1000)
+                    check(ck, name, dtype, n, op, 0, in_place=n == 1000)
                 if n >= 1000:  # several segments per chunk: one block of 256 per segment
-                    checks += check(name, dtype, n, "sum", 1024, in_place=False)
+                    check(ck, name, dtype, n, "sum", 1024, in_place=False)
                 if n >= 1000 and dtype == "float32":  # the send stream 0 and 1 messages ahead (default 3)
-                    checks += check(name, dtype, n, "avg", 1024, in_place=True, depth=1)
-                    checks += check(name, dtype, n, "sum", 1024, in_place=False, depth=2)
-    return checks
+                    check(ck, name, dtype, n, "avg", 1024, in_place=True, depth=1)
+                    check(ck, name, dtype, n, "sum", 1024, in_place=False, depth=2)
 
 
-def suite_feedback():
-    checks = 0
+def case_feedback(ck: Checks):
     steps = 12
     for n, make in (
         (3000, lambda ef: zcoll.GradientQuantizer(1, error_feedback=ef, measure_error=True)),
@@ -197,7 +198,7 @@ def suite_feedback():
             np.float32
         )
         total = np.zeros(n)
-        world.Allreduce(g.astype(np.float64), total)
+        WORLD.Allreduce(g.astype(np.float64), total)
         drift = {}
         for ef in (True, False):
             c = make(ef)
@@ -209,30 +210,33 @@ def suite_feedback():
                 continue
             e = c.residual("w").astype(np.float64)
             if c.measure_error:
-                assert c.last_stats.error_max_abs == np.abs(e).max(), (c, c.last_stats)
-                assert np.isclose(c.last_stats.error_l2, np.linalg.norm(e), rtol=1e-6), c.last_stats
+                ck.check(c.last_stats.error_max_abs == np.abs(e).max(), f"{c}", f"{c.last_stats}")
+                l2 = np.linalg.norm(e)
+                ck.check(np.isclose(c.last_stats.error_l2, l2, rtol=1e-6), f"{c}", f"{c.last_stats} vs {l2}")
             e_sum = np.zeros(n)
-            world.Allreduce(e, e_sum)
+            WORLD.Allreduce(e, e_sum)
             # EF invariant: what every rank put in == what came out + what is still owed
             gap = np.abs(acc + e_sum - steps * total).max()
             tol = 1e-5 * steps * p * np.abs(g).max() * 4
-            assert gap <= tol, f"{c}: sum(results) + sum(residuals) differs from sum(inputs) by {gap} > {tol}"
-            checks += 1
+            ck.check(gap <= tol, f"{c}", f"sum(results) + sum(residuals) - sum(inputs) = {gap} > {tol}")
         # Feedback re-sends what was lost, so the mean result converges; without it, it stays biased.
-        assert drift[True] < 0.5 * drift[False], (
-            f"{make(True)}: drift with EF {drift[True]}, without {drift[False]}"
+        ck.check(
+            drift[True] < 0.5 * drift[False],
+            f"{make(True)}",
+            f"drift with EF {drift[True]}, without {drift[False]}",
         )
-        checks += 1
     # avg on a 2-byte tensor with a residual: the residual is float32 and the invariant holds / p
     c = zcoll.GradientQuantizer(8)
     t = torch.from_numpy(g).to(torch.bfloat16)
     out = comm.allreduce(t, op="avg", compression=c, key="bf")
-    assert out.dtype == torch.bfloat16 and c.residual("bf").dtype == np.float32
-    return checks + 1
+    ck.check(
+        out.dtype == torch.bfloat16 and c.residual("bf").dtype == np.float32,
+        "int8 avg of a bfloat16 tensor",
+        f"result {out.dtype}, residual {c.residual('bf').dtype}",
+    )
 
 
-def suite_nonfinite():
-    checks = 0
+def case_nonfinite(ck: Checks):
     n = 40000  # two top-k segments; the bad value sits in the first
     for name, make in [
         ("int8", lambda: zcoll.GradientQuantizer(8)),
@@ -246,6 +250,7 @@ def suite_nonfinite():
         ("topk_dense", lambda: zcoll.TopK(0.6, error_feedback=False)),
     ]:
         for bad_rank, value in ((p - 1, np.nan), (0, np.inf), (0, -np.inf)):
+            what = f"{name}: {value} on rank {bad_rank}"
             c = make()
             key = f"layer.{name}"
             x = np.random.default_rng([rank, 5]).standard_normal(n).astype(np.float32)
@@ -254,34 +259,27 @@ def suite_nonfinite():
             try:
                 comm.allreduce(x, op="avg", compression=c, key=key)
             except FloatingPointError as e:
-                assert key in str(e), str(e)
+                ck.check(key in str(e), what, f"the message does not name the key: {e}")
                 if c.error_feedback:
-                    assert not c.residual(key).any(), "the residual of a failed key is reset"
+                    ck.check(not c.residual(key).any(), what, "the residual of a failed key is not reset")
             else:
-                raise AssertionError(f"{name}: {value} on rank {bad_rank} did not raise on rank {rank}")
-            assert c.last_stats.nonfinite > 0
+                ck.fail(what, "no FloatingPointError")
+            ck.check(c.last_stats.nonfinite > 0, what, f"{c.last_stats}")
             # Nobody hangs, and the next call on the same communicator and key works.
             x[n // 3] = 0.0
             y = comm.allreduce(x, op="sum", compression=c, key=key)
-            assert np.isfinite(y).all()
-            everyone = world.allgather(y.tobytes())
-            assert all(b == everyone[0] for b in everyone)
-            checks += 1
+            ck.check(np.isfinite(y).all(), f"{what}, then a finite call", "non-finite result")
+            ck.same_on_all_ranks(f"{what}, then a finite call", y.tobytes())
     # Check mode: ranks passing different compressors raise MismatchError instead of hanging.
     checked = zcoll.Communicator(check=True)
     q = zcoll.GradientQuantizer(8 if rank == 0 else 4, error_feedback=False)
     try:
         checked.allreduce(np.ones(n, np.float32), compression=q)
-        assert p == 1, "no MismatchError"
+        ck.check(p == 1, "int8 on rank 0, int4 elsewhere, check mode", "no MismatchError")
     except zcoll.MismatchError as e:
-        assert "the bits of this collective: rank 0 passed 8, rank 1 passed 4" in str(e), str(e)
+        ck.check("the bits of this collective: rank 0 passed 8, rank 1 passed 4" in str(e), "check mode", str(e))
     checked.free()
-    return checks + 1
 
 
 if __name__ == "__main__":
-    suite = sys.argv[1]
-    count = {"identical": suite_identical, "feedback": suite_feedback, "nonfinite": suite_nonfinite}[suite]()
-    comm.barrier()
-    if rank == 0:
-        print(f"OK {suite} {count}", flush=True)
+    run_cases(globals(), teardown=comm.free)

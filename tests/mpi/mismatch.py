@@ -1,7 +1,7 @@
 """Cross-rank mismatches in check mode: every rank raises zcoll.MismatchError.
 
-    ZCOLL_CHECK=1 mpirun -n P python -m mpi4py tests/mpi/mismatch.py env
-    mpirun -n P python -m mpi4py tests/mpi/mismatch.py arg     (Communicator(check=True))
+    ZCOLL_CHECK=1 mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=env [case ...]
+    mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=arg [case ...]   (Communicator(check=True))
 
 Each case has ranks pass different counts, dtypes, ops, roots, algorithms or collectives. Every rank must
 raise MismatchError (a ValueError) whose message names the field that differs; the outcomes are
@@ -11,11 +11,14 @@ still give right results. Matching calls in check mode must work as usual.
 
 from __future__ import annotations
 
-from harness import WORLD, Checker  # first: puts tests/ on sys.path
-
-# isort: split
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import WORLD, Checks, option, run_cases  # noqa: E402
+
+# isort: split
 import numpy as np
 import zcoll
 
@@ -69,22 +72,23 @@ def cases(p: int):
     ]
 
 
-def still_works(comm, ck: Checker, after: str) -> None:
+def still_works(comm, ck: Checks, after: str) -> None:
     res = comm.allreduce(np.array([comm.rank], dtype=np.int64))
     ck.check(res.tolist() == [comm.size * (comm.size - 1) // 2], f"allreduce after '{after}'", f"got {res}")
 
 
-def main(mode: str) -> None:
-    ck = Checker(f"mismatch {mode}")
-    comm = zcoll.Communicator(check=True) if mode == "arg" else zcoll.Communicator()
-    p = comm.size
-    assert p >= 2, "mismatches need at least 2 ranks"
-    ck.check(issubclass(zcoll.MismatchError, ValueError), "MismatchError", "is not a ValueError")
+MODE = option("mode")
+assert MODE in ("env", "arg"), f"--mode=env (with ZCOLL_CHECK=1) or --mode=arg, not {MODE!r}"
+COMM = zcoll.Communicator(check=True) if MODE == "arg" else zcoll.Communicator()
+assert COMM.size >= 2, "mismatches need at least 2 ranks"
 
+
+def case_mismatches_raise_on_every_rank(ck: Checks) -> None:
+    comm, p = COMM, COMM.size
+    ck.check(issubclass(zcoll.MismatchError, ValueError), "MismatchError", "is not a ValueError")
     all_cases = cases(p)
     raised = np.zeros(len(all_cases), dtype=np.int64)
     for i, (name, field, call) in enumerate(all_cases):
-        ck.case()
         try:
             call(comm)
             ck.fail(name, "no MismatchError")
@@ -101,16 +105,14 @@ def main(mode: str) -> None:
         silent = [r for r in range(p) if not every[r, i]]
         ck.check(not silent, name, f"ranks {silent} did not raise MismatchError")
 
-    # matching calls in check mode
-    ck.case()
+
+def case_matching_calls_work_in_check_mode(ck: Checks) -> None:
+    comm, p = COMM, COMM.size
     res = comm.allreduce(np.full(10, comm.rank + 1, np.int32), algorithm="tree")
     ck.check(res.tolist() == [p * (p + 1) // 2] * 10, "matching allreduce in check mode", f"got {res}")
-    ck.case()
     res = comm.broadcast(np.full(3, float(comm.rank)), root=p - 1)
     ck.check(res.tolist() == [p - 1.0] * 3, "matching broadcast in check mode", f"got {res}")
-    comm.free()
-    ck.finish()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_cases(globals(), teardown=COMM.free)

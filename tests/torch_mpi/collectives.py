@@ -8,13 +8,15 @@ Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/collectives.py [case ...]
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import Checks, run_cases  # noqa: E402
+
+# isort: split
 import torch
 import torch.distributed as dist
 import zcoll.torch
 from zcoll.torch import ProcessGroupZcoll
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _cases import run_cases
 
 zcoll.torch.init_process_group()
 R, N = dist.get_rank(), dist.get_world_size()
@@ -46,161 +48,154 @@ def expected(n, dtype, op):
     return ref
 
 
-def close(got, want, dtype, what):
+def close(ck: Checks, got, want, dtype, what):
     tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(dtype, 1e-6)
     got = got.to(torch.float64)
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    if got.numel():
+    same_shape = ck.check(got.shape == want.shape, what, f"shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if same_shape and got.numel():
         err = ((got - want).abs() / want.abs().clamp(min=1)).max().item()
-        assert err <= tol, f"{what}: max rel err {err} > {tol}\n got {got[:8]}\nwant {want[:8]}"
+        ck.check(err <= tol, what, f"max rel err {err} > {tol}\n got {got[:8]}\nwant {want[:8]}")
 
 
-def raises(exc, fn, *words):
-    try:
-        fn()
-    except exc as e:
-        for w in words:
-            assert w in str(e), f"message {str(e)!r} lacks {w!r}"
-        return e
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+def case_backend_registered(ck: Checks):
+    ck.check(isinstance(PG, ProcessGroupZcoll), message=f"{type(PG)}")
+    ck.check(dist.get_backend() == "zcoll" and PG.name() == "zcoll")
+    ck.check(PG.size() == N and PG.rank() == R)
 
 
-def case_backend_registered():
-    assert isinstance(PG, ProcessGroupZcoll), type(PG)
-    assert dist.get_backend() == "zcoll" and PG.name() == "zcoll"
-    assert PG.size() == N and PG.rank() == R
-
-
-def case_all_reduce_every_op_and_dtype():
+def case_all_reduce_every_op_and_dtype(ck: Checks):
     for dtype in FLOATS + INTS:
         for op in (Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX) + ((Op.AVG,) if dtype in FLOATS else ()):
             for n in SIZES:
                 t = x(R, n, dtype, op)
                 dist.all_reduce(t, op=op)
-                assert t.dtype == dtype
-                close(t, expected(n, dtype, op), dtype, f"all_reduce {op} {dtype} n={n}")
+                ck.check(t.dtype == dtype)
+                close(ck, t, expected(n, dtype, op), dtype, f"all_reduce {op} {dtype} n={n}")
 
 
-def case_all_reduce_large_in_place():
+def case_all_reduce_large_in_place(ck: Checks):
     n = (1 << 18) + 3  # several segments
     t = x(R, n, torch.float32)
     ptr = t.data_ptr()
     dist.all_reduce(t)
-    assert t.data_ptr() == ptr
-    close(t, expected(n, torch.float32, Op.SUM), torch.float32, "large")
+    ck.check(t.data_ptr() == ptr)
+    close(ck, t, expected(n, torch.float32, Op.SUM), torch.float32, "large")
 
 
-def case_all_reduce_avg_on_ints_is_an_error():
+def case_all_reduce_avg_on_ints_is_an_error(ck: Checks):
     t = torch.ones(4, dtype=torch.int32)
-    raises(ValueError, lambda: dist.all_reduce(t, op=Op.AVG), "AVG", "int32")
+    ck.raises(ValueError, lambda: dist.all_reduce(t, op=Op.AVG), "AVG", "int32")
 
 
-def case_unsupported_op_is_not_implemented():
-    raises(NotImplementedError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=Op.BAND), "BAND")
+def case_unsupported_op_is_not_implemented(ck: Checks):
+    t = torch.ones(2, dtype=torch.int32)
+    ck.raises(NotImplementedError, lambda: dist.all_reduce(t, op=Op.BAND), "BAND")
 
 
-def case_broadcast_every_root():
+def case_broadcast_every_root(ck: Checks):
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for root in range(N):
             t = x(R, 33, dtype)
             dist.broadcast(t, src=root)
-            assert torch.equal(t, x(root, 33, dtype)), f"broadcast root {root} {dtype}"
+            ck.check(torch.equal(t, x(root, 33, dtype)), f"broadcast root {root} {dtype}")
 
 
-def case_reduce_every_root():
+def case_reduce_every_root(ck: Checks):
     for root in range(N):
         for op in (Op.SUM, Op.MAX, Op.AVG):
             t = x(R, 33, torch.float32, op)
             dist.reduce(t, dst=root, op=op)
             if R == root:
-                close(t, expected(33, torch.float32, op), torch.float32, f"reduce root {root} {op}")
+                close(ck, t, expected(33, torch.float32, op), torch.float32, f"reduce root {root} {op}")
 
 
-def case_all_gather_list():
+def case_all_gather_list(ck: Checks):
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int8):
         inp = x(R, 7, dtype).reshape(7, 1)
         outs = [torch.empty(7, 1, dtype=dtype) for _ in range(N)]  # separate storages: staged
         dist.all_gather(outs, inp)
         for r in range(N):
-            assert torch.equal(outs[r].view(-1), x(r, 7, dtype)), f"all_gather {dtype} from {r}"
+            ck.check(torch.equal(outs[r].view(-1), x(r, 7, dtype)), f"all_gather {dtype} from {r}")
         big = torch.empty(N * 7, dtype=dtype)
         dist.all_gather(list(big.chunk(N)), inp.view(-1))  # back to back: gathered in place
-        assert torch.equal(big, torch.cat([x(r, 7, dtype) for r in range(N)]))
+        ck.check(torch.equal(big, torch.cat([x(r, 7, dtype) for r in range(N)])))
 
 
-def case_all_gather_into_tensor():
+def case_all_gather_into_tensor(ck: Checks):
     for dtype in (torch.float32, torch.bfloat16):
         out = torch.empty(N, 5, dtype=dtype)
         dist.all_gather_into_tensor(out, x(R, 5, dtype))
-        assert torch.equal(out, torch.stack([x(r, 5, dtype) for r in range(N)]))
+        ck.check(torch.equal(out, torch.stack([x(r, 5, dtype) for r in range(N)])))
     if hasattr(dist, "all_gather_single"):  # the 2.13 name
         out = torch.empty(N * 3)
         dist.all_gather_single(out, x(R, 3, torch.float32))
-        assert torch.equal(out, torch.cat([x(r, 3, torch.float32) for r in range(N)]))
+        ck.check(torch.equal(out, torch.cat([x(r, 3, torch.float32) for r in range(N)])))
 
 
-def case_reduce_scatter_list_and_tensor():
+def case_reduce_scatter_list_and_tensor(ck: Checks):
     for op in (Op.SUM, Op.MIN, Op.AVG):
         full = x(R, 4 * N, torch.float32, op)
         want = expected(4 * N, torch.float32, op)[4 * R : 4 * R + 4]
         out = torch.empty(4)
         dist.reduce_scatter(out, [c.clone() for c in full.chunk(N)], op=op)
-        close(out, want, torch.float32, f"reduce_scatter {op}")
+        close(ck, out, want, torch.float32, f"reduce_scatter {op}")
         out = torch.empty(4)
         dist.reduce_scatter_tensor(out, full, op=op)
-        close(out, want, torch.float32, f"reduce_scatter_tensor {op}")
+        close(ck, out, want, torch.float32, f"reduce_scatter_tensor {op}")
     out = torch.empty(4, dtype=torch.bfloat16)
     dist.reduce_scatter_tensor(out, x(R, 4 * N, torch.bfloat16))
-    close(out, expected(4 * N, torch.bfloat16, Op.SUM)[4 * R : 4 * R + 4], torch.bfloat16, "rs bf16")
+    close(ck, out, expected(4 * N, torch.bfloat16, Op.SUM)[4 * R : 4 * R + 4], torch.bfloat16, "rs bf16")
 
 
-def case_all_to_all_single_equal_and_uneven():
+def case_all_to_all_single_equal_and_uneven(ck: Checks):
     inp = torch.arange(2 * N, dtype=torch.float32) + 100 * R
     out = torch.empty(2 * N)
     dist.all_to_all_single(out, inp)
-    assert torch.equal(out, torch.tensor([100.0 * r + 2 * R + k for r in range(N) for k in range(2)]))
+    ck.check(torch.equal(out, torch.tensor([100.0 * r + 2 * R + k for r in range(N) for k in range(2)])))
     # rank r sends (j + 1) rows to rank j; receives (R + 1) rows from everyone
     in_splits = [j + 1 for j in range(N)]
     inp = torch.cat([torch.full((j + 1, 2), float(10 * R + j), dtype=torch.bfloat16) for j in range(N)])
     out = torch.empty((R + 1) * N, 2, dtype=torch.bfloat16)
     dist.all_to_all_single(out, inp, output_split_sizes=[R + 1] * N, input_split_sizes=in_splits)
     want = torch.cat([torch.full((R + 1, 2), float(10 * r + R), dtype=torch.bfloat16) for r in range(N)])
-    assert torch.equal(out, want)
+    ck.check(torch.equal(out, want))
 
 
-def case_all_to_all_list():
+def case_all_to_all_list(ck: Checks):
     ins = [torch.full((j + 1,), float(10 * R + j)) for j in range(N)]
     outs = [torch.empty(R + 1) for _ in range(N)]
     dist.all_to_all(outs, ins)
     for r in range(N):
-        assert torch.equal(outs[r], torch.full((R + 1,), float(10 * r + R)))
+        ck.check(torch.equal(outs[r], torch.full((R + 1,), float(10 * r + R))))
 
 
-def case_gather_and_scatter():
+def case_gather_and_scatter(ck: Checks):
     root = N - 1
     outs = [torch.empty(3) for _ in range(N)] if R == root else None
     dist.gather(x(R, 3, torch.float32), outs, dst=root)
     if R == root:
         for r in range(N):
-            assert torch.equal(outs[r], x(r, 3, torch.float32))
+            ck.check(torch.equal(outs[r], x(r, 3, torch.float32)))
     out = torch.empty(3)
     dist.scatter(out, [x(r, 3, torch.float32) * 2 for r in range(N)] if R == 0 else None, src=0)
-    assert torch.equal(out, x(R, 3, torch.float32) * 2)
+    ck.check(torch.equal(out, x(R, 3, torch.float32) * 2))
 
 
-def case_barrier():
+def case_barrier(ck: Checks):
     dist.barrier()
-    dist.barrier(async_op=True).wait()
+    w = dist.barrier(async_op=True)
+    w.wait()
+    ck.check(w.is_completed() and w.is_success())
 
 
-def case_send_recv_ring():
+def case_send_recv_ring(ck: Checks):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         nxt, prv = (R + 1) % N, (R - 1) % N
         got = torch.empty(1000, dtype=dtype)
         s = dist.isend(x(R, 1000, dtype), nxt, tag=5)
         dist.recv(got, prv, tag=5)
         s.wait()
-        assert torch.equal(got, x(prv, 1000, dtype))
+        ck.check(torch.equal(got, x(prv, 1000, dtype)))
     if R == 0:  # blocking send on one side, irecv + future on the other; tags keep messages apart
         dist.send(torch.full((4,), 2.0), 1, tag=2)
         dist.send(torch.full((4,), 1.0), 1, tag=1)
@@ -208,148 +203,147 @@ def case_send_recv_ring():
         a, b = torch.empty(4), torch.empty(4)
         wa = dist.irecv(a, 0, tag=1)
         wb = dist.irecv(b, 0, tag=2)
-        assert wb.get_future().wait()[0] is b
+        ck.check(wb.get_future().wait()[0] is b)
         wa.wait()
-        assert a.eq(1).all() and b.eq(2).all()
+        ck.check(a.eq(1).all() and b.eq(2).all())
 
 
-def case_async_ops_and_futures():
+def case_async_ops_and_futures(ck: Checks):
     ts = [x(R, 1000, torch.float32) + k for k in range(6)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
     for k in reversed(range(6)):  # wait out of order
         works[k].wait()
-        assert works[k].is_completed()
-        close(ts[k], expected(1000, torch.float32, Op.SUM) + N * k, torch.float32, f"async {k}")
+        ck.check(works[k].is_completed())
+        close(ck, ts[k], expected(1000, torch.float32, Op.SUM) + N * k, torch.float32, f"async {k}")
     t = x(R, 33, torch.bfloat16)
     w = dist.all_reduce(t, op=Op.MAX, async_op=True)
     chained = w.get_future().then(lambda f: f.value()[0].float().sum().item())
-    assert chained.wait() == expected(33, torch.float32, Op.MAX).sum().item()
-    assert w.get_future().value()[0] is t
+    ck.check(chained.wait() == expected(33, torch.float32, Op.MAX).sum().item())
+    ck.check(w.get_future().value()[0] is t)
     # a synchronous call issued while async work is queued runs after it, in order
     a, b = torch.ones(1 << 16), torch.ones(4)
     wa = dist.all_reduce(a, async_op=True)
     dist.all_reduce(b)
-    assert wa.is_completed() and a.eq(N).all() and b.eq(N).all()
+    ck.check(wa.is_completed() and a.eq(N).all() and b.eq(N).all())
     outs = torch.empty(N * 2)
     dist.all_gather_into_tensor(outs, torch.full((2,), float(R)), async_op=True).wait()
-    assert torch.equal(outs, torch.arange(N).float().repeat_interleave(2))
+    ck.check(torch.equal(outs, torch.arange(N).float().repeat_interleave(2)))
     w = dist.broadcast(torch.zeros(2), src=0, async_op=True)
     w.wait()
-    assert w.is_success() and w.exception() is None
+    ck.check(w.is_success() and w.exception() is None)
 
 
-def case_async_error_reaches_the_future():
+def case_async_error_reaches_the_future(ck: Checks):
     t = torch.ones(3)
     pg = PG
     w = pg.submit(lambda: (_ for _ in ()).throw(RuntimeError("boom")), [t])
     try:
         w.wait()
     except RuntimeError as e:
-        assert "boom" in str(e)
+        ck.check("boom" in str(e))
     else:
-        raise AssertionError("no error")
+        ck.fail("no error")
     dist.all_reduce(t)  # the group still works
-    assert t.eq(N).all()
+    ck.check(t.eq(N).all())
 
 
-def case_subgroups():
+def case_subgroups(ck: Checks):
     ranks = [r for r in range(N) if r != 1]  # non-contiguous for 3 ranks
     g1 = dist.new_group(ranks)
     g2 = dist.new_group([0, 1])
     if R in ranks:
-        assert isinstance(g1, ProcessGroupZcoll) and g1.size() == len(ranks)
+        ck.check(isinstance(g1, ProcessGroupZcoll) and g1.size() == len(ranks))
         t = torch.full((5,), float(R + 1))
         dist.all_reduce(t, group=g1)
-        assert t.eq(sum(r + 1 for r in ranks)).all(), t
+        ck.check(t.eq(sum(r + 1 for r in ranks)).all(), message=f"{t}")
         b = torch.full((2,), float(R), dtype=torch.bfloat16)
         dist.broadcast(b, src=ranks[-1], group=g1)  # src is a global rank
-        assert b.eq(ranks[-1]).all()
+        ck.check(b.eq(ranks[-1]).all())
         out = torch.empty(len(ranks) * 2)
         dist.all_gather_into_tensor(out, torch.full((2,), float(R)), group=g1, async_op=True).wait()
-        assert torch.equal(out, torch.tensor([float(r) for r in ranks]).repeat_interleave(2))
+        ck.check(torch.equal(out, torch.tensor([float(r) for r in ranks]).repeat_interleave(2)))
     else:
-        assert g1 == dist.GroupMember.NON_GROUP_MEMBER
+        ck.check(g1 == dist.GroupMember.NON_GROUP_MEMBER)
     if R in (0, 1):
         t = torch.full((3,), float(R))
         w = dist.all_reduce(t, op=Op.MAX, group=g2, async_op=True)
         w.wait()
-        assert t.eq(1).all()
+        ck.check(t.eq(1).all())
         if R == 0:
             dist.send(torch.ones(2), dst=1, group=g2)
         else:
             r = torch.zeros(2)
             dist.recv(r, src=0, group=g2)
-            assert r.eq(1).all()
+            ck.check(r.eq(1).all())
     t = torch.ones(2)
     dist.all_reduce(t)  # the world group is untouched
-    assert t.eq(N).all()
+    ck.check(t.eq(N).all())
     for g in (g1, g2):
         if g != dist.GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(g)
 
 
-def case_functional_collectives():
+def case_functional_collectives(ck: Checks):
     import torch.distributed._functional_collectives as funcol
 
     t = funcol.all_reduce(torch.full((4,), float(R)), "sum", PG)
-    assert torch.equal(t.wait() if hasattr(t, "wait") else t, torch.full((4,), float(sum(range(N)))))
+    ck.check(torch.equal(t.wait() if hasattr(t, "wait") else t, torch.full((4,), float(sum(range(N))))))
 
 
-def case_stats_count_bytes():
+def case_stats_count_bytes(ck: Checks):
     comm = PG.communicator
     comm.reset_stats()
     dist.all_reduce(torch.ones(1 << 12))
     sent = comm.stats()["bytes_sent"]
-    assert sent >= 4 * (1 << 12) * (N - 1) // N, sent
+    ck.check(sent >= 4 * (1 << 12) * (N - 1) // N, message=f"{sent}")
 
 
-def case_error_list_length():
-    raises(ValueError, lambda: PG.allreduce([torch.ones(2), torch.ones(2)]), "exactly one tensor", "got 2")
-    raises(ValueError, lambda: PG.broadcast([]), "exactly one tensor", "got 0")
+def case_error_list_length(ck: Checks):
+    ck.raises(ValueError, lambda: PG.allreduce([torch.ones(2), torch.ones(2)]), "exactly one tensor", "got 2")
+    ck.raises(ValueError, lambda: PG.broadcast([]), "exactly one tensor", "got 0")
 
 
-def case_error_mixed_dtypes():
+def case_error_mixed_dtypes(ck: Checks):
     inp = torch.ones(2)
-    raises(
+    ck.raises(
         ValueError,
         lambda: PG.allgather([[torch.empty(2, dtype=torch.float16) for _ in range(N)]], [inp]),
         "mixed dtypes",
     )
-    raises(
+    ck.raises(
         ValueError, lambda: PG.all_gather_single(torch.empty(2 * N, dtype=torch.float64), inp), "mixed dtypes"
     )
-    raises(
+    ck.raises(
         ValueError,
         lambda: PG.reduce_scatter_single(torch.empty(2, dtype=torch.bfloat16), torch.ones(2 * N)),
         "mixed dtypes",
     )
-    raises(
+    ck.raises(
         ValueError,
         lambda: PG.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.int32)]),
         "mixed dtypes",
     )
 
 
-def case_error_non_contiguous():
+def case_error_non_contiguous(ck: Checks):
     t = torch.ones(4, 3).t()
-    raises(ValueError, lambda: PG.allreduce([t]), "not contiguous")
-    raises(ValueError, lambda: dist.all_reduce(t), "not contiguous")
+    ck.raises(ValueError, lambda: PG.allreduce([t]), "not contiguous")
+    ck.raises(ValueError, lambda: dist.all_reduce(t), "not contiguous")
 
 
-def case_error_device_and_dtype():
+def case_error_device_and_dtype(ck: Checks):
     meta = torch.empty(4, device="meta")
-    raises(ValueError, lambda: PG.allreduce([meta]), "on meta", "CPU tensors only")
-    raises(ValueError, lambda: PG.allreduce([torch.ones(2, dtype=torch.bool)]), "torch.bool")
-    raises(ValueError, lambda: PG.allreduce([torch.ones(2, dtype=torch.complex64)]), "complex64")
+    ck.raises(ValueError, lambda: PG.allreduce([meta]), "on meta", "CPU tensors only")
+    ck.raises(ValueError, lambda: PG.allreduce([torch.ones(2, dtype=torch.bool)]), "torch.bool")
+    ck.raises(ValueError, lambda: PG.allreduce([torch.ones(2, dtype=torch.complex64)]), "complex64")
 
 
-def case_error_sizes_and_unsupported_calls():
-    raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
-    raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
-    raises(NotImplementedError, lambda: PG.recv_anysource([torch.ones(2)], 0), "recv_anysource")
-    raises(NotImplementedError, lambda: PG.monitored_barrier(), "monitored_barrier")
+def case_error_sizes_and_unsupported_calls(ck: Checks):
+    ck.raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
+    ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
+    ck.raises(NotImplementedError, lambda: PG.recv_anysource([torch.ones(2)], 0), "recv_anysource")
+    ck.raises(NotImplementedError, lambda: PG.monitored_barrier(), "monitored_barrier")
 
 
 if __name__ == "__main__":
-    run_cases(globals())
-    dist.destroy_process_group()
+    run_cases(globals(), teardown=dist.destroy_process_group)

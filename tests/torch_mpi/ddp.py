@@ -7,6 +7,11 @@ Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/ddp.py [case ...]
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import Checks, run_cases  # noqa: E402
+
+# isort: split
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -14,8 +19,6 @@ import zcoll.torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from zcoll.torch import hooks
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _cases import run_cases
 
 dist.init_process_group("zcoll")  # plain torch call: no MASTER_ADDR needed under mpirun
 R, N = dist.get_rank(), dist.get_world_size()
@@ -41,15 +44,15 @@ def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def same_on_every_rank(model):
+def same_on_every_rank(ck: Checks, model):
     mine = flat(model)
     allp = torch.empty(N * mine.numel(), dtype=mine.dtype)
     dist.all_gather_into_tensor(allp, mine)
     for r in range(N):
-        assert torch.equal(allp[r * mine.numel() : (r + 1) * mine.numel()], mine), f"rank {r} differs"
+        ck.check(torch.equal(allp[r * mine.numel() : (r + 1) * mine.numel()], mine), f"rank {r} differs")
 
 
-def train_pair(register=None, dtype=torch.float32, steps=4, opt_cls=torch.optim.SGD, **opt_kw):
+def train_pair(ck: Checks, register=None, dtype=torch.float32, steps=4, opt_cls=torch.optim.SGD, **opt_kw):
     """DDP model (rank's share of each batch) and a local reference (whole batch)."""
     model, ref = ddp(net(dtype)), net(dtype)
     if register is not None:
@@ -63,51 +66,53 @@ def train_pair(register=None, dtype=torch.float32, steps=4, opt_cls=torch.optim.
         ropt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
         ropt.step()
-        same_on_every_rank(model.module)
+        same_on_every_rank(ck, model.module)
     return model, ref
 
 
-def assert_close(model, ref, tol):
+def assert_close(ck: Checks, model, ref, tol):
     err = (flat(model.module).double() - flat(ref).double()).abs().max().item()
-    assert err <= tol, f"max abs difference to the reference {err} > {tol}"
+    ck.check(err <= tol, f"max abs difference to the reference {err} > {tol}")
 
 
-def case_ddp_builtin_allreduce():
-    assert_close(*train_pair(lr=0.1, momentum=0.9), tol=1e-5)
+def case_ddp_builtin_allreduce(ck: Checks):
+    assert_close(ck, *train_pair(ck, lr=0.1, momentum=0.9), tol=1e-5)
 
 
-def case_ddp_allreduce_hook():
-    assert_close(*train_pair(lambda m: m.register_comm_hook(None, hooks.allreduce_hook), lr=0.1), tol=1e-5)
+def case_ddp_allreduce_hook(ck: Checks):
+    model, ref = train_pair(ck, lambda m: m.register_comm_hook(None, hooks.allreduce_hook), lr=0.1)
+    assert_close(ck, model, ref, tol=1e-5)
 
 
-def case_ddp_compression_hook_uncompressed_path():
+def case_ddp_compression_hook_uncompressed_path(ck: Checks):
     states = []
 
     def register(m):
         states.append(zcoll.torch.apply_gradient_compression(m, compressor=None))
 
-    model, ref = train_pair(register, opt_cls=torch.optim.Adam, lr=1e-2)
-    assert_close(model, ref, tol=1e-5)
-    assert states[0].step == 4 and not states[0].compressing
+    model, ref = train_pair(ck, register, opt_cls=torch.optim.Adam, lr=1e-2)
+    assert_close(ck, model, ref, tol=1e-5)
+    ck.check(states[0].step == 4 and not states[0].compressing)
 
 
-def case_ddp_bfloat16_and_float16_buckets():
+def case_ddp_bfloat16_and_float16_buckets(ck: Checks):
     for dtype in (torch.bfloat16, torch.float16):
         assert_close(
-            *train_pair(lambda m: m.register_comm_hook(None, hooks.allreduce_hook), dtype=dtype, lr=0.1),
+            ck,
+            *train_pair(ck, lambda m: m.register_comm_hook(None, hooks.allreduce_hook), dtype=dtype, lr=0.1),
             tol=5e-2,
         )
 
 
-def case_ddp_warmup_counts_steps():
+def case_ddp_warmup_counts_steps(ck: Checks):
     state = hooks.CompressionState(compressor=object(), warmup_steps=3)  # never used during warm-up
     model = ddp(net())
     model.register_comm_hook(state, hooks.compression_hook)
     for step in range(3):
-        assert not state.compressing
+        ck.check(not state.compressing)
         x, y = batch(step, B)
         F.cross_entropy(model(x), y).backward()
-    assert state.step == 3 and state.compressing
+    ck.check(state.step == 3 and state.compressing)
 
 
 def _accumulate(opt_factory, steps_n, micro_batches, count_from):
@@ -138,7 +143,7 @@ def _reference(opt_cls, updates, steps_n, **kw):
     return ref
 
 
-def case_gradient_accumulation_adam_equals_large_batch():
+def case_gradient_accumulation_adam_equals_large_batch(ck: Checks):
     n = 4
     model, sent = _accumulate(
         lambda m, k: zcoll.torch.optim.Adam(m.parameters(), lr=1e-2, gradient_accumulation_steps=k, model=m),
@@ -146,15 +151,15 @@ def case_gradient_accumulation_adam_equals_large_batch():
         4 * n,
         2 * n,
     )
-    assert_close(model, _reference(torch.optim.Adam, 4, n, lr=1e-2), tol=1e-5)
-    same_on_every_rank(model.module)
+    assert_close(ck, model, _reference(torch.optim.Adam, 4, n, lr=1e-2), tol=1e-5)
+    same_on_every_rank(ck, model.module)
     _, sent_every_step = _accumulate(
         lambda m, k: zcoll.torch.optim.Adam(m.parameters(), lr=1e-2), 1, 4 * n, 2 * n
     )
-    assert sent * n == sent_every_step, f"bytes with accumulation {sent}, without {sent_every_step}"
+    ck.check(sent * n == sent_every_step, f"bytes with accumulation {sent}, without {sent_every_step}")
 
 
-def case_gradient_accumulator_wraps_any_optimizer():
+def case_gradient_accumulator_wraps_any_optimizer(ck: Checks):
     n = 3
     model, _ = _accumulate(
         lambda m, k: zcoll.torch.GradientAccumulator(
@@ -164,10 +169,10 @@ def case_gradient_accumulator_wraps_any_optimizer():
         2 * n,
         0,
     )
-    assert_close(model, _reference(torch.optim.SGD, 2, n, lr=0.1, momentum=0.9), tol=1e-5)
+    assert_close(ck, model, _reference(torch.optim.SGD, 2, n, lr=0.1, momentum=0.9), tol=1e-5)
 
 
-def case_zero_grad_keeps_gradients_between_updates():
+def case_zero_grad_keeps_gradients_between_updates(ck: Checks):
     model = ddp(net())
     opt = zcoll.torch.optim.SGD(model.parameters(), lr=0.1, gradient_accumulation_steps=2, model=model)
     x, y = batch(0, B)
@@ -175,24 +180,23 @@ def case_zero_grad_keeps_gradients_between_updates():
     g1 = model.module[0].weight.grad.clone()
     opt.step()
     opt.zero_grad()
-    assert not opt.updated and torch.equal(model.module[0].weight.grad, g1)
-    assert model.require_backward_grad_sync  # the next backward is the 2nd of 2: it communicates
+    ck.check(not opt.updated and torch.equal(model.module[0].weight.grad, g1))
+    ck.check(model.require_backward_grad_sync)  # the next backward is the 2nd of 2: it communicates
     F.cross_entropy(model(x), y).backward()
     opt.step()
-    assert opt.updated
+    ck.check(opt.updated)
     opt.zero_grad()
-    assert model.module[0].weight.grad is None and not model.require_backward_grad_sync
+    ck.check(model.module[0].weight.grad is None and not model.require_backward_grad_sync)
 
 
-def case_apply_gradient_compression_needs_ddp():
+def case_apply_gradient_compression_needs_ddp(ck: Checks):
     try:
         zcoll.torch.apply_gradient_compression(net(), compressor=None)
     except TypeError as e:
-        assert "DistributedDataParallel" in str(e)
+        ck.check("DistributedDataParallel" in str(e))
     else:
-        raise AssertionError("no TypeError")
+        ck.fail("no TypeError")
 
 
 if __name__ == "__main__":
-    run_cases(globals())
-    dist.destroy_process_group()
+    run_cases(globals(), teardown=dist.destroy_process_group)

@@ -1,81 +1,80 @@
-"""Ways to start the zcoll backend, and the errors when it cannot start. One mode per launch:
+"""Ways to start the zcoll backend, and the errors when it cannot start. One case per way:
 
   plain        dist.init_process_group("zcoll") under mpirun, no MASTER_ADDR
   helper       zcoll.torch.init_process_group(), then again on an MPI sub-communicator
   gloo_local   gloo under mpirun without MASTER_ADDR: a clear error, not a hang
   gloo_hook    gloo (MASTER_ADDR from rank 0) + DDP: apply_gradient_compression refuses it
-  torchrun     under torchrun with 2 processes: a clear error telling to use mpirun
+  torchrun     under torchrun with 2 processes: a clear error telling to use mpirun (each process
+               is an MPI world of its own there, so each reports the case)
 
-Prints "STARTUP-OK <mode>" on success.
+Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/startup.py plain helper
+     torchrun --standalone --nproc_per_node 2 tests/torch_mpi/startup.py torchrun
 """
 
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+from harness import WORLD, Checks, run_cases  # noqa: E402
+
+# isort: split
+import socket
 
 import torch
 import torch.distributed as dist
 import zcoll.torch
 
-mode = sys.argv[1]
 
-
-def allreduce_check(group=None):
+def allreduce_check(ck: Checks, group=None):
     t = torch.full((3,), float(dist.get_rank(group) + 1))
     dist.all_reduce(t, group=group)
     n = dist.get_world_size(group)
-    assert t.eq(n * (n + 1) / 2).all(), t
+    ck.check(t.eq(n * (n + 1) / 2).all(), f"all_reduce on {n} ranks", f"{t}")
 
 
-def expect_error(fn, exc, *words):
-    try:
-        fn()
-    except exc as e:
-        missing = [w for w in words if w not in str(e)]
-        assert not missing, f"{missing} not in {e}"
-        return
-    raise AssertionError("no error")
-
-
-if mode == "plain":
+def case_plain(ck: Checks):
     dist.init_process_group("zcoll")
-    assert dist.get_backend() == "zcoll"
-    allreduce_check()
+    ck.check(dist.get_backend() == "zcoll", message=dist.get_backend())
+    allreduce_check(ck)
     dist.destroy_process_group()
-elif mode == "helper":
-    from mpi4py import MPI
 
+
+def case_helper(ck: Checks):
     zcoll.torch.init_process_group()
-    allreduce_check()
+    allreduce_check(ck)
     dist.destroy_process_group()
-    world = MPI.COMM_WORLD
-    half = world.Split(color=world.rank % 2, key=world.rank)
+    half = WORLD.Split(color=WORLD.rank % 2, key=WORLD.rank)
     zcoll.torch.init_process_group(comm=half)
-    assert dist.get_world_size() == half.size and dist.get_rank() == half.rank
-    allreduce_check()
+    ck.check(dist.get_world_size() == half.size and dist.get_rank() == half.rank)
+    allreduce_check(ck)
     if half.size > 1:
-        allreduce_check(dist.new_group([half.size - 1, 0]))  # a subgroup of a sub-communicator
+        allreduce_check(ck, dist.new_group([half.size - 1, 0]))  # a subgroup of a sub-communicator
     dist.destroy_process_group()
     half.Free()
-elif mode == "gloo_local":
-    expect_error(lambda: dist.init_process_group("gloo"), Exception, "MASTER_ADDR")
-elif mode == "gloo_hook":
-    import os
-    import socket
 
-    from mpi4py import MPI
 
+def case_gloo_local(ck: Checks):
+    ck.raises(RuntimeError, lambda: dist.init_process_group("gloo"), "MASTER_ADDR")
+
+
+def case_gloo_hook(ck: Checks):
     port = None
-    if MPI.COMM_WORLD.rank == 0:
+    if WORLD.rank == 0:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(MPI.COMM_WORLD.bcast(port)))
-    dist.init_process_group("gloo", rank=MPI.COMM_WORLD.rank, world_size=MPI.COMM_WORLD.size)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(WORLD.bcast(port)))
+    dist.init_process_group("gloo", rank=WORLD.rank, world_size=WORLD.size)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-    expect_error(lambda: zcoll.torch.apply_gradient_compression(model), ValueError, "zcoll backend", "gloo")
+    ck.raises(ValueError, lambda: zcoll.torch.apply_gradient_compression(model), "zcoll backend", "gloo")
     dist.destroy_process_group()
-elif mode == "torchrun":
-    expect_error(lambda: dist.init_process_group("zcoll"), Exception, "mpirun", "torchrun")
-    expect_error(zcoll.torch.init_process_group, RuntimeError, "mpirun", "torchrun")
-else:
-    raise SystemExit(f"unknown mode {mode}")
-print(f"STARTUP-OK {mode}", flush=True)
+
+
+def case_torchrun(ck: Checks):
+    ck.raises(RuntimeError, lambda: dist.init_process_group("zcoll"), "mpirun", "torchrun")
+    ck.raises(RuntimeError, zcoll.torch.init_process_group, "mpirun", "torchrun")
+
+
+if __name__ == "__main__":
+    run_cases(globals())
