@@ -10,6 +10,7 @@ namespace zcoll {
 Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const AllreduceOptions& options) {
   validate_op(dtype, options.op);
+  algorithm_name(options.algorithm);  // throws for a code that names no algorithm
   const std::size_t bytes = count * dtype_size(dtype);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce: null buffer");
   Algorithm algorithm = options.algorithm;

@@ -47,33 +47,40 @@ std::size_t count_nonfinite(const float* v, std::size_t m) {
   return bad;
 }
 
-// The segment layout, identical on every rank: segment j = [begin[j], begin[j+1]), k[j] pairs
-// at pair offset koff[j] within a rank's block of K pairs.
-struct Layout {
-  std::vector<std::size_t> begin, k, koff;
-  std::size_t K = 0, longest = 0;
-  Layout(std::size_t count, const CompressionOptions& o) {
-    const std::size_t s = topk_segments(count, o.exact_topk);
-    for (std::size_t j = 0; j < s; ++j) {
-      const Range seg = split(Range{0, count}, s, j);
-      begin.push_back(seg.begin);
-      k.push_back(sparse_k(seg.count, o.ratio));
-      koff.push_back(K);
-      K += k.back();
-      longest = std::max(longest, seg.count);
-    }
-    begin.push_back(count);
-  }
-  std::size_t segments() const { return k.size(); }
-  std::size_t len(std::size_t j) const { return begin[j + 1] - begin[j]; }
-};
-
 }  // namespace
+
+TopkLayout::TopkLayout(std::size_t count, const CompressionOptions& o) {
+  const std::size_t s = topk_segments(count, o.exact_topk);
+  for (std::size_t j = 0; j < s; ++j) {
+    const Range seg = split(Range{0, count}, s, j);
+    begin.push_back(seg.begin);
+    k.push_back(sparse_k(seg.count, o.ratio));
+    koff.push_back(K);
+    K += k.back();
+    longest = std::max(longest, seg.count);
+  }
+  begin.push_back(count);
+}
+
+void topk_select_segment(const void* in, DType dtype, float* residual, const TopkLayout& L, std::size_t j,
+                         std::uint64_t seed, float* w, std::uint32_t* idx, float* val) {
+  const std::size_t b = L.begin[j], n = L.len(j), k = L.k[j];
+  const float* g = static_cast<const float*>(in) + b;
+  if (dtype != DType::kFloat32) {
+    kernels::cast(static_cast<const unsigned char*>(in) + b * dtype_size(dtype), dtype, w, DType::kFloat32, n);
+    g = w;
+  }
+  if (residual)
+    kernels::topk_ef(g, residual + b, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+  else
+    kernels::topk(g, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+  for (std::size_t i = 0; i < k; ++i) idx[i] += static_cast<std::uint32_t>(b);
+}
 
 void allreduce_topk(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const CompressionOptions& o, float* residual, CompressionStats& stats) {
   const int p = comm.size(), rank = comm.rank();
-  const Layout L(count, o);
+  const TopkLayout L(count, o);
   const std::size_t S = L.segments(), K = L.K, es = dtype_size(dtype);
   const bool wide = dtype != DType::kFloat32, dense = 2 * p * K > count;
   stats.pairs = p * K;
@@ -119,15 +126,9 @@ void allreduce_topk(Communicator& comm, const void* in, void* out, std::size_t c
   //    let MPI move the messages in flight)
   std::size_t next = 0;  // the first segment not yet added
   for (std::size_t j = 0; j < S; ++j) {
-    const std::size_t b = L.begin[j], n = L.len(j), k = L.k[j];
-    if (wide) kernels::cast(static_cast<const unsigned char*>(in) + b * es, dtype, w, DType::kFloat32, n);
-    const float* g = wide ? w : static_cast<const float*>(in) + b;
+    const std::size_t k = L.k[j];
     std::uint32_t* idx = idx_of(rank, j);
-    if (residual)
-      kernels::topk_ef(g, residual + b, n, k, idx, val_of(rank, j), kernels::TopkMethod::kSampled, o.seed);
-    else
-      kernels::topk(g, n, k, idx, val_of(rank, j), kernels::TopkMethod::kSampled, o.seed);
-    for (std::size_t i = 0; i < k; ++i) idx[i] += static_cast<std::uint32_t>(b);
+    topk_select_segment(in, dtype, residual, L, j, o.seed, w, idx, val_of(rank, j));
     if (dense) continue;
     for (int d = 1; d < p; ++d) sends.push_back(comm.isend(idx, 8 * k, mod(rank + d, p), kTagSparsePairs));
     while (next <= j && arrived(next, false)) {
