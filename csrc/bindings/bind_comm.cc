@@ -1,37 +1,78 @@
-// The communicator: built from an MPI Fortran handle (mpi4py's Comm.py2f()), which every MPI
-// implementation converts back with MPI_Comm_f2c, whatever its C handle type.
+// zcoll._C.Comm: built from an MPI Fortran handle (mpi4py's Comm.py2f()), which every MPI
+// implementation converts back with MPI_Comm_f2c, whatever its C handle type. Lifetime follows
+// mpi4py: free() is the collective release (GIL released, MPI errors raise ZcollError); an
+// unfreed communicator that is garbage-collected only warns (ResourceWarning) and leaks its MPI
+// communicator, since collection happens in a different order on every rank. Python's atexit
+// handler (communicator.py) frees the live ones before MPI_Finalize.
 #include <mpi.h>
 
-#include <memory>
-
 #include "bindings.h"
-#include "comm/mpi_communicator.h"
+#include "bindings/enums.h"
 
 namespace py = pybind11;
 
 namespace zcoll::bindings {
 
-void bind_comm(py::module_& m) {
-  py::class_<MpiCommunicator, std::shared_ptr<MpiCommunicator>>(m, "Comm")
-      .def(py::init([](long long fortran_handle) {
-             return std::make_shared<MpiCommunicator>(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle)));
-           }),
-           py::arg("fortran_handle"), py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("rank", &MpiCommunicator::rank)
-      .def_property_readonly("size", &MpiCommunicator::size)
-      .def_property_readonly("local_size", &MpiCommunicator::local_size)
-      .def_property_readonly("wait_policy",
-                             [](const MpiCommunicator& c) { return c.wait_policy() == WaitPolicy::kYield ? "yield" : "spin"; })
-      .def("free", &MpiCommunicator::free)
-      .def("stats",
-           [](MpiCommunicator& c) {
-             py::dict d;
-             d["bytes_sent"] = c.stats().bytes_sent;
-             d["messages_sent"] = c.stats().messages_sent;
-             d["collectives"] = c.stats().collectives;
-             return d;
-           })
-      .def("reset_stats", [](MpiCommunicator& c) { c.stats() = CommStats{}; });
+CommHandle::CommHandle(long long fortran_handle, bool check_args)
+    : check(check_args),
+      comm_(std::make_unique<MpiCommunicator>(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle)))) {}
+
+CommHandle::~CommHandle() {
+  if (!comm_) return;
+  // Dealloc runs with the GIL held. The MpiCommunicator's destructor makes no MPI call.
+  if (PyErr_WarnEx(PyExc_ResourceWarning,
+                   "zcoll.Communicator was garbage-collected without free(); its MPI communicator is "
+                   "leaked (freeing is collective: call free() or use `with` on every rank)",
+                   1) != 0)
+    PyErr_WriteUnraisable(nullptr);
+}
+
+void CommHandle::free() {
+  if (!comm_) return;
+  comm_->free();
+  comm_.reset();
+}
+
+py::class_<CommHandle> bind_comm(py::module_& m) {
+  py::class_<CommHandle> cls(m, "Comm",
+                             "The C++ half of zcoll.Communicator (subclass it; do not use directly).");
+  cls.def(py::init([](long long fortran_handle, bool check) {
+            py::gil_scoped_release release;  // MPI_Comm_dup is collective
+            return std::make_unique<CommHandle>(fortran_handle, check);
+          }),
+          py::arg("fortran_handle"), py::arg("check") = false)
+      .def_property_readonly("rank", [](CommHandle& c) { return c.comm().rank(); })
+      .def_property_readonly("size", [](CommHandle& c) { return c.comm().size(); })
+      .def_property_readonly("local_size", [](CommHandle& c) { return c.comm().local_size(); })
+      .def_property_readonly("freed", &CommHandle::freed)
+      .def_property_readonly(
+          "wait_policy",
+          [](CommHandle& c) { return c.comm().wait_policy() == WaitPolicy::kYield ? "yield" : "spin"; },
+          "'spin' or 'yield' (ZCOLL_WAIT; auto yields when ranks outnumber this node's cores).")
+      .def_property_readonly("_check", [](const CommHandle& c) { return c.check; })
+      .def_property(
+          "segment_bytes", [](const CommHandle& c) { return c.pipeline.max_segment_bytes; },
+          [](CommHandle& c, std::size_t v) { c.pipeline.max_segment_bytes = v; },
+          "Largest message of a pipelined algorithm in bytes (0: ZCOLL_SEGMENT_BYTES); small values "
+          "reach multi-segment code in tests.")
+      .def_property(
+          "pipeline_depth", [](const CommHandle& c) { return c.pipeline.depth; },
+          [](CommHandle& c, int v) { c.pipeline.depth = v; },
+          "Receives posted ahead (0: ZCOLL_PIPELINE_DEPTH).")
+      .def("free", &CommHandle::free, py::call_guard<py::gil_scoped_release>(),
+           "Releases the MPI communicator (collective: every rank must call it). Idempotent.")
+      .def(
+          "stats",
+          [](CommHandle& c) {
+            const CommStats& s = c.comm().stats();
+            py::dict d;
+            d["bytes_sent"] = s.bytes_sent;
+            d["messages_sent"] = s.messages_sent;
+            d["collectives"] = s.collectives;
+            return d;
+          },
+          "Bytes and messages this rank sent through zcoll, and the number of collectives.")
+      .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
   m.def("mpi_initialized", [] {
     int flag = 0;
     MPI_Initialized(&flag);
@@ -43,6 +84,7 @@ void bind_comm(py::module_& m) {
     MPI_Get_library_version(v, &len);
     return std::string(v, len);
   });
+  return cls;
 }
 
 }  // namespace zcoll::bindings

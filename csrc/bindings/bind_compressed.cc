@@ -1,59 +1,172 @@
-// The compressed allreduce (collectives/compression.h) on raw addresses, for zcoll.compression.
-// Python validated the buffers (sizes, dtypes, the residual's length); C++ validates the
-// options (ValueError). The GIL is released during the collective.
+// The compressed allreduce (collectives/compression.h) and one rank's payload
+// (collectives/payload.h), for zcoll.compression:
+//   CompressionOptions   the C++ struct, built and validated once in a compressor's __init__
+//                        (ValueError naming the parameter); per call only op, algorithm, the
+//                        seed and the residual are added
+//   allreduce_compressed the collective on the caller's objects (buffers.h), stats as a dict
+//   Payload              the bytes one rank would send, with the layout of its arrays (Python
+//                        shows them as numpy views of these bytes); encode_payload /
+//                        decode_payload run the collective's own encode, selection and decode
 #include <cstdint>
 
 #include "bindings.h"
+#include "bindings/buffers.h"
+#include "bindings/enums.h"
 #include "collectives/compression.h"
-#include "comm/mpi_communicator.h"
+#include "collectives/payload.h"
+#include "common/check.h"
 
 namespace py = pybind11;
 
 namespace zcoll::bindings {
+namespace {
+
+// A payload with what it was encoded from, so that decoding can only use the same options
+// and an output of the same size and dtype.
+struct BoundPayload {
+  WirePayload wire;
+  CompressionOptions options;
+  std::size_t count = 0;
+  DType dtype = DType::kFloat32;
+};
+
+CompressionOptions make_options(py::handle kind, int bits, py::handle block, bool stochastic, double ratio,
+                                bool exact_topk, double threshold, bool measure_error) {
+  CompressionOptions o;
+  o.kind = to_compression(kind);
+  o.bits = bits;
+  const long long b = PyLong_Check(block.ptr()) ? PyLong_AsLongLong(block.ptr()) : 0;
+  if (PyErr_Occurred()) throw py::error_already_set();
+  ZCOLL_REQUIRE(b > 0, "quantization block must be a positive integer, got ",
+                py::repr(block).cast<std::string>());
+  o.block = static_cast<std::size_t>(b);
+  o.stochastic = stochastic;
+  o.ratio = ratio;
+  o.exact_topk = exact_topk;
+  o.threshold = static_cast<float>(threshold);
+  o.measure_error = measure_error;
+  validate(o, DType::kFloat32, 0);
+  return o;
+}
+
+// The residual of error feedback: float32, one element per element of x, or None.
+Buffer take_residual(py::handle residual, const Buffer& x) {
+  Buffer e;
+  if (residual.is_none()) return e;
+  e = acquire(residual, "residual", Access::kWrite);
+  ZCOLL_REQUIRE(e.dtype() == DType::kFloat32 && e.count() == x.count(), "residual: expected ", x.count(),
+                " float32 elements, got ", e.count(), " ", dtype_name(e.dtype()));
+  return e;
+}
+
+py::dict stats_dict(const CompressionStats& s) {
+  py::dict d;
+  d["wire_bytes"] = s.wire_bytes;
+  d["dense_bytes"] = s.dense_bytes;
+  d["nonfinite"] = s.nonfinite;
+  d["first_nonfinite_rank"] = s.first_nonfinite_rank;
+  d["pairs"] = s.pairs;
+  d["dense_fallback"] = s.dense_fallback;
+  d["error_max_abs"] = s.error_max_abs;
+  d["error_l2"] = s.error_l2;
+  return d;
+}
+
+py::dict allreduce_compressed_method(CommHandle& self, py::handle x, py::handle out, py::handle op,
+                                     py::handle algorithm, const CompressionOptions& options,
+                                     std::uint64_t seed, py::handle residual) {
+  MpiCommunicator& c = self.comm();
+  InOut b = take_in(x, out);
+  CompressionOptions o = options;
+  o.op = to_op(op);
+  o.algorithm = to_algorithm(algorithm);
+  o.seed = seed;
+  take_out(b, out, b.in.count(), 0, "out=x");
+  const Buffer e = take_residual(residual, b.in);
+  o.residual = static_cast<float*>(e.data());
+  o.pipeline = self.pipeline;
+  o.check_args = self.check;
+  CompressionStats s;
+  {
+    MaybeReleaseGil gil(may_block(c, b.in.nbytes()));
+    allreduce_compressed(c, b.in.data(), b.result().data(), b.in.count(), b.in.dtype(), o, &s);
+  }
+  py::dict d = stats_dict(s);
+  d["count"] = b.in.count();
+  return d;
+}
+
+BoundPayload encode(py::handle x, const CompressionOptions& options, std::uint64_t seed,
+                    py::handle residual) {
+  const Buffer in = acquire(x, "x", Access::kRead);
+  const Buffer e = take_residual(residual, in);
+  BoundPayload p;
+  p.options = options;
+  p.options.seed = seed;
+  p.options.residual = static_cast<float*>(e.data());
+  p.count = in.count();
+  p.dtype = in.dtype();
+  MaybeReleaseGil gil(in.nbytes() >= kGilFreeBytes);
+  p.wire = encode_payload(in.data(), in.count(), in.dtype(), p.options);
+  p.options.residual = nullptr;
+  return p;
+}
+
+std::size_t decode(const BoundPayload& p, py::handle out) {
+  const Buffer y = acquire(out, "out", Access::kWrite);
+  ZCOLL_REQUIRE(y.dtype() == p.dtype && y.count() == p.count, "out: expected ", p.count, " ",
+                dtype_name(p.dtype), " elements, got ", y.count(), " ", dtype_name(y.dtype()));
+  MaybeReleaseGil gil(y.nbytes() >= kGilFreeBytes);
+  return decode_payload(p.wire, p.count, p.dtype, p.options, y.data());
+}
+
+}  // namespace
 
 void bind_compressed(py::module_& m) {
-  m.def(
-      "allreduce_compressed",
-      [](MpiCommunicator& c, std::uintptr_t in, std::uintptr_t out, std::size_t count, int dtype, int op,
-         int kind, int bits, std::size_t block, bool stochastic, std::uint64_t seed, double ratio,
-         bool exact_topk, float threshold, std::uintptr_t residual, bool measure_error,
-         std::size_t segment_bytes, int depth, bool check) {
-        CompressionOptions o;
-        o.kind = static_cast<Compression>(kind);
-        o.op = static_cast<ReduceOp>(op);
-        o.bits = bits;
-        o.block = block;
-        o.stochastic = stochastic;
-        o.seed = seed;
-        o.ratio = ratio;
-        o.exact_topk = exact_topk;
-        o.threshold = threshold;
-        o.residual = reinterpret_cast<float*>(residual);
-        o.measure_error = measure_error;
-        o.pipeline = PipelineOptions{segment_bytes, depth};
-        o.check_args = check;
-        CompressionStats s;
-        {
-          py::gil_scoped_release release;
-          allreduce_compressed(c, reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count,
-                               static_cast<DType>(dtype), o, &s);
-        }
-        py::dict d;
-        d["wire_bytes"] = s.wire_bytes;
-        d["dense_bytes"] = s.dense_bytes;
-        d["nonfinite"] = s.nonfinite;
-        d["first_nonfinite_rank"] = s.first_nonfinite_rank;
-        d["pairs"] = s.pairs;
-        d["dense_fallback"] = s.dense_fallback;
-        d["error_max_abs"] = s.error_max_abs;
-        d["error_l2"] = s.error_l2;
-        return d;
-      },
-      py::arg("comm"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-      py::arg("kind"), py::arg("bits") = 8, py::arg("block") = 256, py::arg("stochastic") = false,
-      py::arg("seed") = 0, py::arg("ratio") = 0.01, py::arg("exact_topk") = false,
-      py::arg("threshold") = 0.0f, py::arg("residual") = 0, py::arg("measure_error") = false,
-      py::arg("segment_bytes") = 0, py::arg("depth") = 0, py::arg("check") = false);
+  py::class_<CompressionOptions>(m, "CompressionOptions",
+                                 "The options of a compressed allreduce (csrc/collectives/compression.h), "
+                                 "validated on construction.")
+      .def(py::init(&make_options), py::arg("kind"), py::kw_only(), py::arg("bits") = 8,
+           py::arg("block") = 256, py::arg("stochastic") = false, py::arg("ratio") = 0.01,
+           py::arg("exact_topk") = false, py::arg("threshold") = 0.0, py::arg("measure_error") = false)
+      .def_property_readonly("kind", [](const CompressionOptions& o) { return o.kind; })
+      .def_readonly("bits", &CompressionOptions::bits)
+      .def_readonly("block", &CompressionOptions::block)
+      .def_readonly("stochastic", &CompressionOptions::stochastic)
+      .def_readonly("ratio", &CompressionOptions::ratio)
+      .def_readonly("exact_topk", &CompressionOptions::exact_topk)
+      .def_readonly("threshold", &CompressionOptions::threshold)
+      .def_readonly("measure_error", &CompressionOptions::measure_error)
+      .def("__repr__", [](const CompressionOptions& o) {
+        return "<CompressionOptions " + compression_name(o) + (o.measure_error ? " measure_error" : "") + ">";
+      });
+
+  py::class_<BoundPayload>(m, "Payload", py::buffer_protocol(),
+                           "One rank's compressed payload: its bytes (buffer protocol) and arrays.")
+      .def_buffer([](BoundPayload& p) {
+        return py::buffer_info(p.wire.bytes.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {p.wire.bytes.size()}, {1});
+      })
+      .def_property_readonly("nonfinite", [](const BoundPayload& p) { return p.wire.nonfinite; })
+      .def_property_readonly("count", [](const BoundPayload& p) { return p.count; })
+      .def_property_readonly("dtype", [](const BoundPayload& p) { return dtype_name(p.dtype); })
+      .def_property_readonly(
+          "layout",
+          [](const BoundPayload& p) {
+            py::list l;
+            for (const PayloadArray& a : p.wire.arrays)
+              l.append(py::make_tuple(a.name, a.type, a.offset, a.count));
+            return l;
+          },
+          "[(name, numpy type, byte offset, count)] of the arrays in the bytes.");
+
+  m.def("allreduce_compressed", &allreduce_compressed_method, py::arg("comm"), py::arg("x"), py::arg("out"),
+        py::arg("op"), py::arg("algorithm"), py::arg("options"), py::arg("seed"), py::arg("residual"),
+        "out = sum (or avg) of x over the ranks through options' wire format; returns the stats as a dict.");
+  m.def("encode_payload", &encode, py::arg("x"), py::arg("options"), py::arg("seed"), py::arg("residual"),
+        "One rank's payload of x (the hop-0 encode / selection of the collective; the residual is updated).");
+  m.def("decode_payload", &decode, py::arg("payload"), py::arg("out"),
+        "out = the tensor the payload stands for; returns the payload's non-finite count.");
   m.def("sparse_k", &sparse_k, py::arg("count"), py::arg("ratio"));
   m.def("topk_segments", &topk_segments, py::arg("count"), py::arg("exact") = false);
   m.def(

@@ -1,7 +1,8 @@
-// zcoll._C: the private extension. The public API is python/zcoll; this module takes raw
-// addresses and dtype/op codes that the Python layer has already validated, and releases the
-// GIL around every call that can block.
+// zcoll._C: the private extension. The public API is python/zcoll. Arrays, enums and options
+// cross this boundary as the caller's own objects and are taken and checked here in C++
+// (buffers.h, enums.h); the collectives release the GIL when they can block (bindings.h).
 #include "bindings.h"
+#include "bindings/fast_method.h"
 #include "common/error.h"
 #include "config.h"
 
@@ -9,10 +10,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "zcoll private extension (use the zcoll package)";
   m.attr("__version__") = ZCOLL_VERSION;
   m.attr("with_cuda") = bool(ZCOLL_WITH_CUDA);
-  pybind11::register_exception<zcoll::Error>(m, "ZcollError", PyExc_RuntimeError);
-  pybind11::register_exception<zcoll::MismatchError>(m, "MismatchError", PyExc_ValueError);
-  zcoll::bindings::bind_comm(m);
-  zcoll::bindings::bind_collectives(m);
+  auto& zcoll_error = pybind11::register_exception<zcoll::Error>(m, "ZcollError", PyExc_RuntimeError);
+  auto& mismatch = pybind11::register_exception<zcoll::MismatchError>(m, "MismatchError", PyExc_ValueError);
+  zcoll::bindings::set_exception_types(zcoll_error.ptr(), mismatch.ptr());
+  zcoll::bindings::bind_enums(m);
+  auto comm = zcoll::bindings::bind_comm(m);
+  zcoll::bindings::bind_collectives(m, comm);
   zcoll::bindings::bind_kernels(m);
   zcoll::bindings::bind_compression(m);
   zcoll::bindings::bind_compressed(m);

@@ -10,6 +10,7 @@ namespace zcoll {
 Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const AllreduceOptions& options) {
   validate_op(dtype, options.op);
+  algorithm_name(options.algorithm);  // throws for a code that names no algorithm
   const std::size_t bytes = count * dtype_size(dtype);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce: null buffer");
   Algorithm algorithm = options.algorithm;
@@ -20,6 +21,11 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     caps.oversubscribed = comm.oversubscribed();
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }
+  // Refused whatever the count and rank count, so a small test fails like the job at scale.
+  ZCOLL_REQUIRE(algorithm != Algorithm::kMpi || comm.has_native_allreduce(),
+                "algorithm 'mpi' needs a transport with its own allreduce (MPI); use 'ring' or 'auto'");
+  ZCOLL_REQUIRE(algorithm != Algorithm::kShm || comm.has_shared_arena(),
+                "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
   // The resolved algorithm is part of the header: ranks running different ones would hang.
   detail::CallHeader header;
   header.collective = detail::Collective::kAllreduce;

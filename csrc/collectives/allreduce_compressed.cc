@@ -78,7 +78,11 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
   ZCOLL_REQUIRE(dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16,
                 "compressed allreduce needs float32, float16 or bfloat16 data, not ", dtype_name(dtype));
   ZCOLL_REQUIRE(o.op == ReduceOp::kSum || o.op == ReduceOp::kAvg,
-                "compressed allreduce supports op sum and avg, not ", op_name(o.op));
+                "compressed allreduce supports op 'sum' and 'avg', not '", op_name(o.op),
+                "' (compressed values can only be added: sum and avg)");
+  ZCOLL_REQUIRE(o.kind == Compression::kNone || o.algorithm == Algorithm::kAuto, "algorithm='",
+                algorithm_name(o.algorithm), "' with compression: the compressor picks its own algorithm ",
+                "(compressed ring or sparse allgather); leave algorithm='auto'");
   switch (o.kind) {
     case Compression::kNone:
     case Compression::kFp16:
@@ -92,7 +96,8 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
       ZCOLL_REQUIRE(o.ratio > 0.0 && o.ratio <= 1.0, "compression ratio must be in (0, 1], not ", o.ratio);
       break;
     case Compression::kThreshold:
-      ZCOLL_REQUIRE(o.threshold >= 0.0f, "threshold must be >= 0 (and not NaN), not ", o.threshold);
+      ZCOLL_REQUIRE(o.threshold >= 0.0f && !std::isinf(o.threshold),
+                    "threshold value must be a finite number >= 0, not ", o.threshold);
       break;
     default:
       throw std::invalid_argument(detail::concat("unknown compression kind ", static_cast<int>(o.kind)));

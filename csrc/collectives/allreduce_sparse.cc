@@ -30,6 +30,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/compressed.h"
+#include "common/check.h"
 #include "kernels/quantize.h"
 #include "kernels/reduce.h"
 #include "kernels/sparsify.h"
@@ -55,16 +56,6 @@ void zero_at(float* e, const std::uint32_t* idx, std::size_t m) {
   for (std::size_t j = 0; j < m; ++j) e[idx[j]] = 0.0f;
 }
 
-// The selection of one rank: m pairs in idx/val, or (threshold beyond capacity) the pairs
-// written straight as a dense vector by dense_from_mask.
-struct Selection {
-  std::uint32_t* idx;
-  float* val;
-  std::size_t m = 0;
-  bool overflow = false;  // threshold picked more than capacity: only the dense path applies
-  const float* src = nullptr;
-};
-
 // y = src where |src| > t else 0; e = 0 where picked (e may be src itself).
 std::size_t dense_from_mask(const float* src, float t, float* e, std::size_t n, float* y) {
   const std::uint32_t tb = abs_bits(t);
@@ -79,28 +70,27 @@ std::size_t dense_from_mask(const float* src, float t, float* e, std::size_t n, 
   return bad;
 }
 
-Selection select(Communicator& comm, const float* g, std::size_t n, const CompressionOptions& o, float* e) {
-  const bool thresh = o.kind == Compression::kThreshold;
-  const std::size_t capacity = thresh ? n / 2 + 1 : sparse_k(n, o.ratio);
-  auto* buf = static_cast<unsigned char*>(comm.scratch(capacity * 8, Scratch::kSelection));
-  Selection s{reinterpret_cast<std::uint32_t*>(buf), reinterpret_cast<float*>(buf + capacity * 4)};
+}  // namespace
+
+SparseSelection select_sparse(const float* g, std::size_t n, const CompressionOptions& o, float* e,
+                              std::size_t capacity, std::uint32_t* idx, float* val) {
+  SparseSelection s;
   s.src = g;
   if (e) {
     kernels::reduce(e, e, g, n, DType::kFloat32, ReduceOp::kSum);
     s.src = e;
   }
-  if (thresh) {
-    s.m = kernels::threshold(s.src, n, o.threshold, s.idx, s.val, capacity);
+  if (o.kind == Compression::kThreshold) {
+    s.m = kernels::threshold(s.src, n, o.threshold, idx, val, capacity);
     s.overflow = s.m > capacity;
   } else {
-    kernels::randomk(s.src, n, capacity, o.seed, s.idx, s.val);
-    s.m = capacity;
+    s.m = sparse_k(n, o.ratio);
+    ZCOLL_REQUIRE(s.m <= capacity, "random-k: capacity ", capacity, " below k = ", s.m);
+    kernels::randomk(s.src, n, s.m, o.seed, idx, val);
   }
-  if (e && !s.overflow) zero_at(e, s.idx, s.m);
+  if (e && !s.overflow) zero_at(e, idx, s.m);
   return s;
 }
-
-}  // namespace
 
 void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                       const CompressionOptions& o, float* residual, CompressionStats& stats) {
@@ -113,14 +103,18 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
     kernels::cast(in, dtype, w, DType::kFloat32, n);
     g = w;
   }
-  Selection s = select(comm, g, n, o, residual);
+  const std::size_t capacity = o.kind == Compression::kThreshold ? n / 2 + 1 : sparse_k(n, o.ratio);
+  auto* buf = static_cast<unsigned char*>(comm.scratch(capacity * 8, Scratch::kSelection));
+  auto* sel_idx = reinterpret_cast<std::uint32_t*>(buf);
+  auto* sel_val = reinterpret_cast<float*>(buf + capacity * 4);
+  const SparseSelection s = select_sparse(g, n, o, residual, capacity, sel_idx, sel_val);
   float* y = dtype == DType::kFloat32 ? static_cast<float*>(out)
                                       : static_cast<float*>(comm.scratch(n * sizeof(float), Scratch::kWideResult));
   std::size_t bad = 0;
   if (s.overflow)  // y may alias the input: the selection is done, the input no longer needed
     bad = dense_from_mask(s.src, o.threshold, residual, n, y);
   else
-    bad = count_nonfinite(s.val, s.m);
+    bad = count_nonfinite(sel_val, s.m);
 
   // 2. header
   std::vector<long long> header(2 * static_cast<std::size_t>(p));
@@ -139,20 +133,20 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
   stats.pairs = total;
 
   if (o.kind == Compression::kRandomK) {  // 3a. same indices everywhere: sum the values
-    if (p > 1) allreduce_ring(comm, s.val, s.val, s.m, DType::kFloat32, o.op, o.pipeline);
+    if (p > 1) allreduce_ring(comm, sel_val, sel_val, s.m, DType::kFloat32, o.op, o.pipeline);
     std::memset(y, 0, n * sizeof(float));
-    kernels::scatter_add(y, n, s.idx, s.val, s.m);
+    kernels::scatter_add(y, n, sel_idx, sel_val, s.m);
   } else if (2 * total > n) {  // 3c. dense
     stats.dense_fallback = true;
     if (!s.overflow) {
       std::memset(y, 0, n * sizeof(float));
-      kernels::scatter_add(y, n, s.idx, s.val, s.m);
+      kernels::scatter_add(y, n, sel_idx, sel_val, s.m);
     }
     if (p > 1) allreduce_ring(comm, y, y, n, DType::kFloat32, o.op, o.pipeline);
   } else {  // 3b. sparse
     auto* pairs = static_cast<unsigned char*>(comm.scratch(8 * total, Scratch::kPairs));
-    std::memcpy(pairs + offset[rank], s.idx, 4 * s.m);
-    std::memcpy(pairs + offset[rank] + 4 * s.m, s.val, 4 * s.m);
+    std::memcpy(pairs + offset[rank], sel_idx, 4 * s.m);
+    std::memcpy(pairs + offset[rank] + 4 * s.m, sel_val, 4 * s.m);
     ring_allgatherv(comm, pairs, offset.data(), bytes.data(), o.pipeline);
     std::memset(y, 0, n * sizeof(float));
     for (int r = 0; r < p; ++r)

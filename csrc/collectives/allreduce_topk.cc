@@ -46,26 +46,6 @@ std::size_t count_nonfinite(const float* v, std::size_t m) {
   return bad;
 }
 
-// The segment layout, identical on every rank: segment j = [begin[j], begin[j+1]), k[j] pairs
-// at pair offset koff[j] within a rank's block of K pairs.
-struct Layout {
-  std::vector<std::size_t> begin, k, koff;
-  std::size_t K = 0, longest = 0;
-  Layout(std::size_t count, const CompressionOptions& o) {
-    const std::size_t s = topk_segments(count, o.exact_topk);
-    for (std::size_t j = 0; j < s; ++j) {
-      const Range seg = split(Range{0, count}, s, j);
-      begin.push_back(seg.begin);
-      k.push_back(sparse_k(seg.count, o.ratio));
-      koff.push_back(K);
-      K += k.back();
-      longest = std::max(longest, seg.count);
-    }
-    begin.push_back(count);
-  }
-  std::size_t segments() const { return k.size(); }
-  std::size_t len(std::size_t j) const { return begin[j + 1] - begin[j]; }
-};
 
 
 // The exchange: message m = (segment j, distance d) = j * per + (d - 1) carries segment j's
@@ -76,7 +56,7 @@ struct Layout {
 // deadlock-free: a receive is always posted before a sender can block on it.)
 class TopkExchange : public ScheduleBase {
  public:
-  TopkExchange(Communicator& comm, const Layout& L, const void* in, void* out, DType dtype,
+  TopkExchange(Communicator& comm, const TopkLayout& L, const void* in, void* out, DType dtype,
                const CompressionOptions& o, float* residual, unsigned char* pairs, float* widened, float* y,
                std::vector<std::size_t>& bad)
       : L_(L), in_(static_cast<const unsigned char*>(in)), out_(static_cast<unsigned char*>(out)), dtype_(dtype),
@@ -120,15 +100,7 @@ class TopkExchange : public ScheduleBase {
 
   // Top-k of segment j (error feedback fused), indices made global.
   void select(std::size_t j) {
-    const std::size_t b = L_.begin[j], n = L_.len(j), k = L_.k[j];
-    if (w_) kernels::cast(in_ + b * dtype_size(dtype_), dtype_, w_, DType::kFloat32, n);
-    const float* g = w_ ? w_ : reinterpret_cast<const float*>(in_) + b;
-    std::uint32_t* idx = idx_of(rank_, j);
-    if (e_)
-      kernels::topk_ef(g, e_ + b, n, k, idx, val_of(rank_, j), kernels::TopkMethod::kSampled, o_.seed);
-    else
-      kernels::topk(g, n, k, idx, val_of(rank_, j), kernels::TopkMethod::kSampled, o_.seed);
-    for (std::size_t i = 0; i < k; ++i) idx[i] += static_cast<std::uint32_t>(b);
+    topk_select_segment(in_, dtype_, e_, L_, j, o_.seed, w_, idx_of(rank_, j), val_of(rank_, j));
   }
 
   std::uint32_t* idx_of(int r, std::size_t j) const {
@@ -149,7 +121,7 @@ class TopkExchange : public ScheduleBase {
     if (w_) kernels::cast(y_ + b, DType::kFloat32, out_ + b * dtype_size(dtype_), dtype_, n);
   }
 
-  const Layout& L_;
+  const TopkLayout& L_;
   const unsigned char* in_;
   unsigned char* out_;
   DType dtype_;
@@ -165,7 +137,7 @@ class TopkExchange : public ScheduleBase {
 
 // Dense fallback: own pairs scattered into zeros, the non-finite counts allgathered, a ring
 // allreduce of the dense vectors.
-void dense_fallback(Communicator& comm, TopkExchange& x, const Layout& L, void* out, DType dtype,
+void dense_fallback(Communicator& comm, TopkExchange& x, const TopkLayout& L, void* out, DType dtype,
                     const CompressionOptions& o, float* y, std::vector<std::size_t>& bad) {
   const int p = comm.size(), rank = comm.rank();
   const std::size_t count = L.begin.back();
@@ -185,10 +157,38 @@ void dense_fallback(Communicator& comm, TopkExchange& x, const Layout& L, void* 
 
 }  // namespace
 
+TopkLayout::TopkLayout(std::size_t count, const CompressionOptions& o) {
+  const std::size_t s = topk_segments(count, o.exact_topk);
+  for (std::size_t j = 0; j < s; ++j) {
+    const Range seg = split(Range{0, count}, s, j);
+    begin.push_back(seg.begin);
+    k.push_back(sparse_k(seg.count, o.ratio));
+    koff.push_back(K);
+    K += k.back();
+    longest = std::max(longest, seg.count);
+  }
+  begin.push_back(count);
+}
+
+void topk_select_segment(const void* in, DType dtype, float* residual, const TopkLayout& L, std::size_t j,
+                         std::uint64_t seed, float* w, std::uint32_t* idx, float* val) {
+  const std::size_t b = L.begin[j], n = L.len(j), k = L.k[j];
+  const float* g = static_cast<const float*>(in) + b;
+  if (dtype != DType::kFloat32) {
+    kernels::cast(static_cast<const unsigned char*>(in) + b * dtype_size(dtype), dtype, w, DType::kFloat32, n);
+    g = w;
+  }
+  if (residual)
+    kernels::topk_ef(g, residual + b, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+  else
+    kernels::topk(g, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+  for (std::size_t i = 0; i < k; ++i) idx[i] += static_cast<std::uint32_t>(b);
+}
+
 void allreduce_topk(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const CompressionOptions& o, float* residual, CompressionStats& stats) {
   const int p = comm.size();
-  const Layout L(count, o);
+  const TopkLayout L(count, o);
   const bool wide = dtype != DType::kFloat32, dense = 2 * p * L.K > count;
   stats.pairs = p * L.K;
   auto* pairs = static_cast<unsigned char*>(comm.scratch(8 * L.K * p, Scratch::kPairs));

@@ -66,6 +66,11 @@ class QuantCodec final : public RingCodec {
     kernels::dequantize(q.codes, q.scales, n, params_, y32);
     if (divisor > 1) kernels::divide(y32, n, DType::kFloat32, divisor);
     if (y32 != y) kernels::cast(y32, DType::kFloat32, y, dtype_, n);
+    return nonfinite(payload, n);
+  }
+
+  std::size_t nonfinite(const void* payload, std::size_t n) const override {
+    const Payload q = split(const_cast<void*>(payload), n);
     std::size_t bad = 0;
     for (std::size_t b = 0, nb = kernels::num_blocks(n, params_.block); b < nb; ++b)
       bad += q.scales[b] != q.scales[b];
@@ -124,11 +129,16 @@ class HalfCodec final : public RingCodec {
     }
   }
 
-  std::size_t decode(const void* payload, std::size_t n, int divisor, void* y) override {
+  std::size_t nonfinite(const void* payload, std::size_t n) const override {
     const auto* h = static_cast<const std::uint16_t*>(payload);
     const std::uint16_t exp = wire_ == DType::kFloat16 ? 0x7c00 : 0x7f80;
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += (h[i] & exp) == exp;
+    return bad;
+  }
+
+  std::size_t decode(const void* payload, std::size_t n, int divisor, void* y) override {
+    const std::size_t bad = nonfinite(payload, n);
     if (dtype_ == wire_ && divisor == 1) {
       std::memcpy(y, payload, 2 * n);
       return bad;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "collectives/compression.h"
 
@@ -26,9 +27,11 @@ class RingCodec {
   // out = Q(D(in) + x + e); e = (D(in) + x + e) - D(out)
   virtual void combine(const void* in, const void* x, float* e, std::size_t begin, std::size_t n, int hop,
                        void* out) = 0;
-  // y (n elements of the output dtype) = D(payload) / divisor, computed in float32. Returns the
-  // number of non-finite blocks (quantizers) or values (half precision) in the payload.
+  // y (n elements of the output dtype) = D(payload) / divisor, computed in float32. Returns
+  // nonfinite(payload, n).
   virtual std::size_t decode(const void* payload, std::size_t n, int divisor, void* y) = 0;
+  // Non-finite blocks (quantizers: a NaN scale) or values (half precision) in a payload.
+  virtual std::size_t nonfinite(const void* payload, std::size_t n) const = 0;
 };
 
 // The codec of options.kind (kQuantize, kFp16, kBf16) for input/output `dtype`. `tmp` is
@@ -41,9 +44,40 @@ std::unique_ptr<RingCodec> make_ring_codec(const CompressionOptions& options, DT
 std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* out, std::size_t count,
                                       DType dtype, const CompressionOptions& options, float* residual);
 
+// The segments of the blockwise top-k (topk_segments in compression.h), identical on every rank
+// and in Python's compress(): segment j = [begin[j], begin[j+1]) keeps k[j] pairs, at pair
+// offset koff[j] within a rank's K pairs.
+struct TopkLayout {
+  std::vector<std::size_t> begin, k, koff;
+  std::size_t K = 0, longest = 0;
+  TopkLayout(std::size_t count, const CompressionOptions& o);
+  std::size_t segments() const { return k.size(); }
+  std::size_t len(std::size_t j) const { return begin[j + 1] - begin[j]; }
+};
+
+// Selects segment j of `in` (count elements of dtype): its k[j] pairs of largest |x| into
+// idx/val with global indices; with a residual (the whole tensor's), error feedback is fused
+// (r = g + e, pick, e = r minus what was picked). `w`: float32 scratch of len(j) elements,
+// used for 2-byte inputs. allreduce_topk and encode_payload (payload.h) both select with it.
+void topk_select_segment(const void* in, DType dtype, float* residual, const TopkLayout& layout, std::size_t j,
+                         std::uint64_t seed, float* w, std::uint32_t* idx, float* val);
+
 // Pipelined blockwise top-k (allreduce_topk.cc).
 void allreduce_topk(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const CompressionOptions& options, float* residual, CompressionStats& stats);
+
+// Threshold / random-k selection from float32 g (n elements) into idx/val (capacity pairs):
+// without a residual from g; with one, e += g, then from e, and e = 0 at the picked indices
+// (unless the threshold picked more than capacity: overflow, and the caller's dense path
+// zeroes e). random-k picks sparse_k(n, ratio) <= capacity pairs with options.seed.
+// allreduce_sparse and encode_payload (payload.h) both select with it.
+struct SparseSelection {
+  std::size_t m = 0;        // pairs picked (threshold: may exceed capacity)
+  bool overflow = false;    // m > capacity: only the first capacity pairs were written
+  const float* src = nullptr;  // what was selected from: g, or e after e += g
+};
+SparseSelection select_sparse(const float* g, std::size_t n, const CompressionOptions& options, float* e,
+                              std::size_t capacity, std::uint32_t* idx, float* val);
 
 // Threshold and random-k (allreduce_sparse.cc).
 void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,

@@ -18,9 +18,9 @@ void validate_float_input(DType dtype, const char* what) {
 }  // namespace
 
 void validate(const QuantParams& p) {
-  ZCOLL_REQUIRE(p.bits == 1 || p.bits == 4 || p.bits == 8, "quantization bits must be 1, 4 or 8, not ",
+  ZCOLL_REQUIRE(p.bits == 1 || p.bits == 4 || p.bits == 8, "quantization bits must be 8, 4 or 1 (sign), not ",
                 p.bits);
-  ZCOLL_REQUIRE(p.block > 0, "quantization block size must be positive");
+  ZCOLL_REQUIRE(p.block > 0, "quantization block must be a positive integer");
   ZCOLL_REQUIRE(p.bits != 4 || p.block % 2 == 0, "4-bit quantization needs an even block size, not ",
                 p.block);
   ZCOLL_REQUIRE(p.bits != 1 || p.block % 8 == 0,

@@ -1,18 +1,28 @@
-"""The Communicator: zcoll's collectives over an MPI communicator, on arrays used in place."""
+"""The Communicator: zcoll's collectives over an MPI communicator, on arrays used in place.
+
+The C++ half (``zcoll._C.Comm``, csrc/bindings/) takes the arrays and the op / algorithm names
+and checks them; this class keeps the docstrings, the keyword defaults, the allocation of a
+result when no ``out`` is given, and what is returned.
+"""
+
 from __future__ import annotations
 
 import atexit
+import sys
 import weakref
 from typing import Any, Optional
 
-from . import _C
-from ._arrays import FLOAT_DTYPES, View, as_view, check_like, check_writable
+import numpy as np
 
-OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
-ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "recursive_doubling": 3, "halving_doubling": 4, "mpi": 5, "shm": 6}
+from . import _C
+
+# Names, in C++'s order (csrc/common/dtype.h, csrc/collectives/options.h).
+OPS = tuple(_C.ReduceOp.__members__)
+ALGORITHMS = tuple(_C.Algorithm.__members__)
 
 # Communicators still holding an MPI communicator: freed before MPI_Finalize (mpi4py finalizes
-# MPI in an atexit handler registered before ours, so ours runs first).
+# MPI in an atexit handler registered before ours, so ours runs first). One that is garbage-
+# collected unfreed only warns and leaks its MPI communicator (csrc/bindings/bind_comm.cc).
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
 
@@ -22,15 +32,21 @@ def _free_all() -> None:
         c.free()
 
 
-def _op_code(op: str, dtype: str) -> int:
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
-    if op == "avg" and dtype not in FLOAT_DTYPES:
-        raise ValueError(f"op 'avg' needs a floating dtype, got {dtype}; use 'sum' and divide yourself")
-    return OPS[op]
+def new_like(x: Any, shape: Optional[tuple] = None) -> Any:
+    """An uninitialised array of x's kind and dtype (numpy for anything but torch tensors), of
+    x's shape or `shape`. Raises what taking x would raise when x is no array at all."""
+    if type(x) is np.ndarray:
+        return np.empty(x.shape if shape is None else shape, x.dtype)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.new_empty(x.shape if shape is None else shape)
+    dtype, xshape, _ = _C.describe(x, "x")
+    if dtype == "bfloat16":
+        raise ValueError("x: numpy has no bfloat16 to hold the result; pass out=")
+    return np.empty(xshape if shape is None else shape, dtype)
 
 
-class Communicator:
+class Communicator(_C.Comm):
     """zcoll's collectives over an MPI communicator.
 
     ``Communicator()`` duplicates ``MPI.COMM_WORLD`` (initialising MPI through mpi4py if needed);
@@ -39,11 +55,15 @@ class Communicator:
 
     Arrays (numpy, CPU torch tensors, DLPack or buffer-protocol objects) are used in place, never
     copied; results come back as the same kind of object (numpy for plain buffers). The GIL is
-    released during every blocking call. Every rank must make the same calls in the same order.
+    released during every call that can block. Every rank must make the same calls in the same
+    order. ``out`` may be the input itself (in place) but must not overlap it otherwise.
 
     Set ``check=True`` (or the environment variable ``ZCOLL_CHECK=1``) to exchange a small header
     before each collective, so that ranks passing different sizes, dtypes, ops, roots or
     algorithms all raise ``zcoll.MismatchError`` instead of hanging or corrupting memory.
+
+    Free it with ``free()`` or a ``with`` block on every rank (freeing is collective); one that
+    is garbage-collected unfreed warns (ResourceWarning) and leaks its MPI communicator.
 
     Example::
 
@@ -63,42 +83,12 @@ class Communicator:
             raise TypeError(f"comm must be an mpi4py intracommunicator (or None), got {type(comm).__name__}")
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
-        self._c: Optional[_C.Comm] = _C.Comm(comm.py2f())
-        self._check = _C.env_get("ZCOLL_CHECK") if check is None else bool(check)
-        self.segment_bytes = 0  # 0: built-in default; small values reach multi-segment code in tests
-        self.pipeline_depth = 0
+        super().__init__(comm.py2f(), _C.env_get("ZCOLL_CHECK") if check is None else bool(check))
         _live.add(self)
-
-    # -- properties -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self._comm().rank
-
-    @property
-    def size(self) -> int:
-        return self._comm().size
-
-    @property
-    def wait_policy(self) -> str:
-        """'spin' or 'yield' (ZCOLL_WAIT; auto yields when ranks outnumber this node's cores)."""
-        return self._comm().wait_policy
-
-    @property
-    def freed(self) -> bool:
-        return self._c is None
-
-    def stats(self) -> dict:
-        """Bytes and messages this rank sent through zcoll, and the number of collectives."""
-        return self._comm().stats()
-
-    def reset_stats(self) -> None:
-        self._comm().reset_stats()
 
     def free(self) -> None:
         """Releases the MPI communicator (collective: every rank must call it). Idempotent."""
-        if self._c is not None:
-            self._c.free()
-            self._c = None
+        super().free()
         _live.discard(self)
 
     def __enter__(self) -> "Communicator":
@@ -108,34 +98,27 @@ class Communicator:
         self.free()
 
     def __repr__(self) -> str:
-        if self._c is None:
+        if self.freed:
             return "<zcoll.Communicator freed>"
         return f"<zcoll.Communicator rank={self.rank} size={self.size}>"
 
-    def _comm(self) -> _C.Comm:
-        if self._c is None:
-            raise ValueError("this zcoll.Communicator has been freed; create a new one")
-        return self._c
-
-    def _pipeline(self) -> dict:
-        return {"segment_bytes": self.segment_bytes, "depth": self.pipeline_depth, "check": self._check}
-
-    def _out(self, x: View, out: Any, count: int, shape: tuple) -> View:
-        if out is None:
-            return as_view(x.empty(shape), "out")
-        o = as_view(out, "out")
-        check_writable(o, "out")
-        check_like(o, x, count, "out")
-        return o
-
     # -- collectives --------------------------------------------------------------------------
-    def allreduce(self, x: Any, op: str = "sum", algorithm: str = "auto", out: Any = None, *,
-                  compression: Any = None, key: Optional[str] = None) -> Any:
+    def allreduce(
+        self,
+        x: Any,
+        op: str = "sum",
+        algorithm: str = "auto",
+        out: Any = None,
+        *,
+        compression: Any = None,
+        key: Optional[str] = None,
+    ) -> Any:
         """Reduces x over all ranks; every rank gets the same bits.
 
         op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
         recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
-        node), or mpi (the MPI library's own MPI_Allreduce).
+        node), or mpi (the MPI library's own MPI_Allreduce). Both also take the enums
+        zcoll._C.ReduceOp / zcoll._C.Algorithm.
         out: where the result goes (may be x itself for in place); a new array when None.
 
         compression: a compressor from zcoll.compression (GradientQuantizer, TopK, RandomK,
@@ -146,86 +129,55 @@ class Communicator:
 
             comm.allreduce(bucket.buffer(), op="avg", compression=q, key=str(bucket.index()))
         """
-        c = self._comm()
-        v = as_view(x, "x")
-        code = _op_code(op, v.dtype)
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+        if out is None:
+            out = new_like(x)
         if compression is not None:
-            return self._allreduce_compressed(v, op, algorithm, out, compression, key)
-        o = self._out(v, out, v.count, v.shape)
-        _C.allreduce(c, v.address, o.address, v.count, v.code, code, ALGORITHMS[algorithm], **self._pipeline())
-        return o.obj
-
-    def _allreduce_compressed(self, v: View, op: str, algorithm: str, out: Any, compression: Any,
-                              key: Optional[str]) -> Any:
-        from .compression import Compressor
-
-        if not isinstance(compression, Compressor):
-            raise TypeError(
-                "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
-                f"HalfPrecision), got {type(compression).__name__}"
-            )
-        if op not in ("sum", "avg"):
-            raise ValueError(f"compressed allreduce supports op 'sum' and 'avg', not {op!r}")
-        if algorithm != "auto":
-            raise ValueError(
-                f"algorithm={algorithm!r} with compression: the compressor picks its own algorithm "
-                "(compressed ring or sparse allgather); leave algorithm='auto'"
-            )
-        o = self._out(v, out, v.count, v.shape)
-        compression._allreduce(self._comm(), v, o, op, key, self._pipeline())
-        return o.obj
+            _compressor(compression)._allreduce(self, x, out, op, algorithm, key)
+        else:
+            self._allreduce(x, out, op, algorithm)
+        return out
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Reduces x over all ranks and returns this rank's block of the result (1-D).
 
         Blocks are as equal as possible, the first ``x.size % size`` ranks holding one element
-        more: rank r gets elements [block_begin(r), block_begin(r) + block_count(r)).
+        more: rank r gets elements [block_begin(r), block_begin(r) + block_count(r)). For in
+        place, out may be this rank's block of x.
         """
-        c = self._comm()
-        v = as_view(x, "x")
-        code = _op_code(op, v.dtype)
-        n = _C.block_count(v.count, c.size, c.rank)
-        o = self._out(v, out, n, (n,))
-        _C.reduce_scatter(c, v.address, o.address, v.count, v.code, code, **self._pipeline())
-        return o.obj
+        if out is None:
+            out = new_like(x, (_C.block_count(_C.describe(x, "x")[2], self.size, self.rank),))
+        self._reduce_scatter(x, out, op)
+        return out
 
     def allgather(self, x: Any, out: Any = None) -> Any:
-        """Concatenates every rank's x in rank order; the result has shape (size, *x.shape)."""
-        c = self._comm()
-        v = as_view(x, "x")
-        o = self._out(v, out, v.count * c.size, (c.size,) + tuple(v.shape))
-        _C.allgather(c, v.address, o.address, v.count, v.code, **self._pipeline())
-        return o.obj
+        """Concatenates every rank's x in rank order; the result has shape (size, *x.shape).
+        For in place, x may be this rank's block of out (``out[rank]``)."""
+        if out is None:
+            out = new_like(x, (self.size, *_C.describe(x, "x")[1]))
+        self._allgather(x, out)
+        return out
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Overwrites x on every rank with x from `root` (in place) and returns x."""
-        c = self._comm()
-        self._check_root(root)
-        v = as_view(x, "x")
-        check_writable(v, "x")
-        _C.broadcast(c, v.address, v.count, v.code, root, **self._pipeline())
-        return v.obj
+        self._broadcast(x, root)
+        return x
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", out: Any = None) -> Any:
         """Reduces x over all ranks onto `root`. Returns the result on root, None elsewhere
-        (where `out` is not touched)."""
-        c = self._comm()
-        self._check_root(root)
-        v = as_view(x, "x")
-        code = _op_code(op, v.dtype)
-        # A given `out` is validated on every rank, not only on root: an error raised on root
-        # alone would send the other ranks into the collective without it.
-        o = self._out(v, out, v.count, v.shape) if c.rank == root or out is not None else None
-        dst = o if c.rank == root else None
-        _C.reduce(c, v.address, dst.address if dst else 0, v.count, v.code, code, root, **self._pipeline())
-        return dst.obj if dst else None
+        (where `out` is not touched, but checked when given)."""
+        on_root = root == self.rank
+        if out is None and on_root:
+            out = new_like(x)
+        self._reduce(x, out, root, op)
+        return out if on_root else None
 
-    def barrier(self) -> None:
-        """Returns once every rank has entered the barrier."""
-        _C.barrier(self._comm())
 
-    def _check_root(self, root: int) -> None:
-        if not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"root {root!r} out of range for {self.size} ranks (valid: 0..{self.size - 1})")
+def _compressor(compression: Any) -> Any:
+    from .compression import Compressor
+
+    if not isinstance(compression, Compressor):
+        raise TypeError(
+            "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
+            f"HalfPrecision), got {type(compression).__name__}"
+        )
+    return compression

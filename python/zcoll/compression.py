@@ -24,13 +24,16 @@ Compressors (C++: csrc/collectives/compression.h; error bounds in docs/algorithm
 Every rank ends with the same bits. Non-finite input (NaN, Inf) raises ``FloatingPointError``
 on every rank after the collective (it travels as NaN in what every rank receives), naming the
 key; that key's residual is reset to zero. Each compressor also offers ``compress(x)`` and
-``decompress(payload)`` for direct use: one rank's wire format, the same bits a one-rank
-allreduce produces.
+``decompress(payload)`` for direct use: one rank's wire format, computed by the collective's own
+C++ encode and selection (csrc/collectives/payload.h), so the same bits a one-rank allreduce
+produces.
+
+A compressor's parameters live in one C++ ``CompressionOptions`` (validated when it is built);
+this module keeps the per-key state (error-feedback residuals, per-call seeds) and the results.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -39,11 +42,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from . import _C
-from ._arrays import DTYPE_CODES, View, as_view, check_writable
+from .communicator import new_like
 
-COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
-_F32 = DTYPE_CODES["float32"]
-_KINDS = {"fp16": 1, "bf16": 2, "quantize": 3, "topk": 4, "randomk": 5, "threshold": 6}
 _MASK64 = (1 << 64) - 1
 
 
@@ -56,26 +56,6 @@ def _mix(*words: int) -> int:
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
         z ^= z >> 31
     return z
-
-
-def _f32_view(address: int, n: int) -> np.ndarray:
-    if n == 0:
-        return np.empty(0, np.float32)
-    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(address))
-
-
-def _as_f32(v: View) -> np.ndarray:
-    """x as float32: a view of its memory when it is float32, a widened copy otherwise."""
-    if v.dtype == "float32":
-        return _f32_view(v.address, v.count)
-    y = np.empty(v.count, np.float32)
-    _C.cast(v.address, v.code, y.ctypes.data, _F32, v.count)
-    return y
-
-
-def _check_dtype(v: View, name: str) -> None:
-    if v.dtype not in COMPRESSIBLE_DTYPES:
-        raise ValueError(f"{name}: compression needs float32, float16 or bfloat16 data, got {v.dtype}")
 
 
 @dataclass
@@ -106,7 +86,8 @@ class CompressionStats:
 
 @dataclass
 class Payload:
-    """One rank's compressed tensor: numpy arrays in `arrays` (their nbytes sum to `nbytes`)."""
+    """One rank's compressed tensor: numpy arrays in `arrays` (their nbytes sum to `nbytes`),
+    views of the bytes in `wire` (the C++ payload, which decompress() decodes)."""
 
     method: str
     shape: tuple
@@ -114,6 +95,7 @@ class Payload:
     count: int
     arrays: Dict[str, np.ndarray]
     like: Callable[[tuple], Any] = field(repr=False)
+    wire: Any = field(repr=False, default=None)
 
     @property
     def nbytes(self) -> int:
@@ -121,15 +103,15 @@ class Payload:
 
 
 class Compressor:
-    """Base class: error-feedback residuals per key, per-call seeds, the allreduce glue."""
+    """Base class: the C++ options, error-feedback residuals per key, per-call seeds, and the
+    glue to the collective and to the payload functions."""
 
-    _kind = 0
-
-    def __init__(self, *, error_feedback: bool, measure_error: bool = False, seed: int = 0):
+    def __init__(self, options: Any, *, error_feedback: bool, seed: int = 0):
         if not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        self._options = options
         self.error_feedback = bool(error_feedback)
-        self.measure_error = bool(measure_error)
+        self.measure_error = options.measure_error
         self.seed = seed
         self.last_stats: Optional[CompressionStats] = None
         self._residuals: Dict[str, Tuple[tuple, np.ndarray]] = {}
@@ -148,27 +130,31 @@ class Compressor:
         else:
             self._residuals.pop(key, None)
 
-    def _residual_for(self, key: Optional[str], v: View) -> Optional[np.ndarray]:
-        if not self.error_feedback or key is None:
-            return None
-        if not isinstance(key, str):
+    def _state(self, key: Optional[str], x: Any) -> Tuple[Optional[np.ndarray], int, Callable[[], None]]:
+        """(residual or None, this call's seed, commit): commit() records the call (a new key's
+        residual, the call count behind the seeds) once the C++ call has succeeded."""
+        if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a str naming the tensor, got {type(key).__name__}")
-        shape = tuple(v.shape)
-        entry = self._residuals.get(key)
-        if entry is None:
-            entry = (shape, np.zeros(v.count, np.float32))
-            self._residuals[key] = entry
-        elif entry[0] != shape:
-            raise ValueError(
-                f"{self!r}: key {key!r} holds a residual for shape {entry[0]}, now called with shape {shape}; "
-                f"use one key per tensor, or call reset({key!r}) first"
-            )
-        return entry[1]
+        calls = self._calls.get(key, 0)
+        seed = _mix(self.seed, zlib.crc32((key or "").encode()), calls)
+        entry = None
+        if self.error_feedback and key is not None:
+            _, shape, count = _C.describe(x, "x")
+            entry = self._residuals.get(key)
+            if entry is None:
+                entry = (shape, np.zeros(count, np.float32))
+            elif entry[0] != shape:
+                raise ValueError(
+                    f"{self!r}: key {key!r} holds a residual for shape {entry[0]}, now called with shape "
+                    f"{shape}; use one key per tensor, or call reset({key!r}) first"
+                )
 
-    def _next_seed(self, key: Optional[str]) -> int:
-        n = self._calls.get(key, 0)
-        self._calls[key] = n + 1
-        return _mix(self.seed, zlib.crc32((key or "").encode()), n)
+        def commit() -> None:
+            self._calls[key] = calls + 1
+            if entry is not None:
+                self._residuals.setdefault(key, entry)
+
+        return (entry[1] if entry is not None else None), seed, commit
 
     def _raise_nonfinite(self, key: Optional[str], what: str) -> None:
         if key is not None and key in self._residuals:
@@ -181,35 +167,20 @@ class Compressor:
         )
 
     # -- the collective -----------------------------------------------------------------------
-    def _c_kwargs(self, seed: int) -> dict:
-        raise NotImplementedError
-
-    def _allreduce(self, comm: Any, v: View, o: View, op: str, key: Optional[str], pipeline: dict) -> None:
-        _check_dtype(v, "x")
+    def _allreduce(self, comm: Any, x: Any, out: Any, op: Any, algorithm: Any, key: Optional[str]) -> None:
         if self.error_feedback and key is None:
             raise ValueError(
                 f"{self!r} keeps an error-feedback residual per tensor: pass key=... naming the tensor "
                 "(e.g. the parameter or bucket name), or create the compressor with error_feedback=False"
             )
-        e = self._residual_for(key, v)
-        s = _C.allreduce_compressed(
-            comm,
-            v.address,
-            o.address,
-            v.count,
-            v.code,
-            0 if op == "sum" else 4,
-            self._kind,
-            residual=e.ctypes.data if e is not None and e.size else 0,
-            measure_error=self.measure_error,
-            **self._c_kwargs(self._next_seed(key)),
-            **pipeline,
-        )
+        e, seed, commit = self._state(key, x)
+        s = _C.allreduce_compressed(comm, x, out, op, algorithm, self._options, seed, e)
+        commit()
         measured = self.measure_error
         self.last_stats = CompressionStats(
             method=repr(self),
             key=key,
-            count=v.count,
+            count=s["count"],
             wire_bytes=s["wire_bytes"],
             dense_bytes=s["dense_bytes"],
             nonfinite=s["nonfinite"],
@@ -230,37 +201,26 @@ class Compressor:
     def compress(self, x: Any, key: Optional[str] = None) -> Payload:
         """One rank's payload of x. With error feedback and a key, uses and updates that key's
         residual exactly as an allreduce would; otherwise stateless."""
-        v = as_view(x, "x")
-        _check_dtype(v, "x")
-        e = self._residual_for(key, v)
-        arrays, problem = self._encode(v, e, self._next_seed(key))
-        if problem:
-            self._raise_nonfinite(key, problem)
-        return Payload(repr(self), tuple(v.shape), v.dtype, v.count, arrays, v.empty)
+        e, seed, commit = self._state(key, x)
+        wire = _C.encode_payload(x, self._options, seed, e)
+        commit()
+        if wire.nonfinite:
+            self._raise_nonfinite(key, f"{wire.nonfinite} non-finite block(s) or value(s) in the payload")
+        arrays = {name: np.frombuffer(wire, np.dtype(t), n, offset) for name, t, offset, n in wire.layout}
+        shape = _C.describe(x, "x")[1]
+        return Payload(
+            repr(self), shape, wire.dtype, wire.count, arrays, lambda s, _x=x: new_like(_x, s), wire
+        )
 
     def decompress(self, payload: Payload, out: Any = None) -> Any:
         """The tensor a payload stands for, as the kind and dtype compress() was given (into
         `out` when passed: same dtype and size)."""
-        if not isinstance(payload, Payload) or payload.method != repr(self):
+        if not isinstance(payload, Payload) or payload.method != repr(self) or payload.wire is None:
             raise ValueError(f"not a payload of {self!r}")
-        o = as_view(payload.like(payload.shape) if out is None else out, "out")
-        check_writable(o, "out")
-        if o.dtype != payload.dtype or o.count != payload.count:
-            raise ValueError(
-                f"out: expected {payload.count} {payload.dtype} elements, got {o.count} {o.dtype}"
-            )
-        y = _f32_view(o.address, o.count) if o.dtype == "float32" else np.empty(o.count, np.float32)
-        self._decode(payload.arrays, y)
-        if o.dtype != "float32" and o.count:
-            _C.cast(y.ctypes.data, _F32, o.address, o.code, o.count)
-        return o.obj
-
-    def _encode(self, v: View, e: Optional[np.ndarray], seed: int) -> Tuple[Dict[str, np.ndarray], str]:
-        """(payload arrays, '' or what was non-finite)."""
-        raise NotImplementedError
-
-    def _decode(self, arrays: Dict[str, np.ndarray], y: np.ndarray) -> None:
-        raise NotImplementedError
+        if out is None:
+            out = payload.like(payload.shape)
+        _C.decode_payload(payload.wire, out)
+        return out
 
 
 class GradientQuantizer(Compressor):
@@ -270,8 +230,6 @@ class GradientQuantizer(Compressor):
     stochastic: unbiased stochastic rounding (8 and 4 bits). Error bound of the allreduce (op
     sum, p ranks): p * A / (2Q) per element, A = sum over ranks of max |input| over the block
     (Q = 127 or 7; 1/Q for stochastic, p * A for sign)."""
-
-    _kind = _KINDS["quantize"]
 
     def __init__(
         self,
@@ -283,18 +241,11 @@ class GradientQuantizer(Compressor):
         measure_error: bool = False,
         seed: int = 0,
     ):
-        if bits not in (1, 4, 8):
-            raise ValueError(f"bits must be 8, 4 or 1 (sign), got {bits!r}")
-        if not isinstance(block, int) or block <= 0:
-            raise ValueError(f"block must be a positive integer, got {block!r}")
-        if bits == 4 and block % 2:
-            raise ValueError(f"bits=4 needs an even block, got {block}")
-        if bits == 1 and block % 8:
-            raise ValueError(f"bits=1 needs a block that is a multiple of 8, got {block}")
-        if bits == 1 and stochastic:
-            raise ValueError("stochastic rounding is for bits=8 and 4; sign quantization (bits=1) has none")
-        super().__init__(error_feedback=error_feedback, measure_error=measure_error, seed=seed)
-        self.bits, self.block, self.stochastic = bits, block, bool(stochastic)
+        o = _C.CompressionOptions(
+            "quantize", bits=bits, block=block, stochastic=stochastic, measure_error=measure_error
+        )
+        super().__init__(o, error_feedback=error_feedback, seed=seed)
+        self.bits, self.block, self.stochastic = o.bits, o.block, o.stochastic
 
     def __repr__(self) -> str:
         return (
@@ -302,63 +253,8 @@ class GradientQuantizer(Compressor):
             f"error_feedback={self.error_feedback})"
         )
 
-    def _rounding(self) -> str:
-        return "stochastic" if self.stochastic else "nearest"
 
-    def _c_kwargs(self, seed: int) -> dict:
-        return {"bits": self.bits, "block": self.block, "stochastic": self.stochastic, "seed": seed}
-
-    def _encode(self, v, e, seed):
-        _, code_bytes, _, _ = _C.quant_layout(v.count, self.bits, self.block)
-        codes = np.empty(code_bytes, np.uint8)
-        scales = np.empty(_C.num_blocks(v.count, self.block), np.float32)
-        args = (codes.ctypes.data, scales.ctypes.data, self.bits, self.block, self._rounding(), seed, 0)
-        if e is not None:
-            bad, _ = _C.quantize_ef(v.address, v.code, e.ctypes.data, v.count, *args)
-        else:
-            bad, _ = _C.quantize(v.address, v.code, v.count, *args)
-        return {"codes": codes, "scales": scales}, f"{bad} block(s) hold NaN or Inf" if bad else ""
-
-    def _decode(self, arrays, y):
-        _C.dequantize(
-            arrays["codes"].ctypes.data,
-            arrays["scales"].ctypes.data,
-            y.size,
-            y.ctypes.data,
-            self.bits,
-            self.block,
-        )
-
-
-class _Sparsifier(Compressor):
-    """(uint32 index, float32 value) payloads; decoding scatters them into zeros."""
-
-    def _check_ratio(self, ratio: float) -> float:
-        if not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
-        return float(ratio)
-
-    def _select(self, x32: np.ndarray, e: Optional[np.ndarray], seed: int) -> Tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
-
-    def _encode(self, v, e, seed):
-        x32 = _as_f32(v)
-        if e is not None and not isinstance(self, TopK):  # top-k fuses r = g + e itself
-            e += x32
-            idx, val = self._select(e, None, seed)
-            e[idx] = 0.0
-        else:
-            idx, val = self._select(x32, e, seed)
-        bad = not np.isfinite(val).all()
-        return {"indices": idx, "values": val}, "selected values are NaN or Inf" if bad else ""
-
-    def _decode(self, arrays, y):
-        y.fill(0.0)
-        idx, val = arrays["indices"], arrays["values"]
-        _C.scatter_add(y.ctypes.data, y.size, idx.ctypes.data, val.ctypes.data, idx.size)
-
-
-class TopK(_Sparsifier):
+class TopK(Compressor):
     """Blockwise top-k: the tensor is cut into ``_C.topk_segments(n)`` near-equal segments (8 up
     to 32 MiB of float32, about 4 MiB each beyond, at least 64 KiB each; one below 128 KiB) and
     each keeps its k_j = round(ratio * len_j) (at least 1) elements of largest magnitude, as in
@@ -374,8 +270,6 @@ class TopK(_Sparsifier):
     minus what was picked); 2. send its (index, value) pairs to every rank while selecting j+1;
     3. add every rank's pairs of segment j in rank order (identical bits on every rank)."""
 
-    _kind = _KINDS["topk"]
-
     def __init__(
         self,
         ratio: float = 0.01,
@@ -385,14 +279,12 @@ class TopK(_Sparsifier):
         measure_error: bool = False,
         seed: int = 0,
     ):
-        super().__init__(error_feedback=error_feedback, measure_error=measure_error, seed=seed)
-        self.ratio, self.exact = self._check_ratio(ratio), bool(exact)
+        o = _C.CompressionOptions("topk", ratio=ratio, exact_topk=exact, measure_error=measure_error)
+        super().__init__(o, error_feedback=error_feedback, seed=seed)
+        self.ratio, self.exact = o.ratio, o.exact_topk
 
     def __repr__(self) -> str:
         return f"TopK(ratio={self.ratio}, error_feedback={self.error_feedback}, exact={self.exact})"
-
-    def _c_kwargs(self, seed: int) -> dict:
-        return {"ratio": self.ratio, "exact_topk": self.exact, "seed": seed}
 
     def segments(self, n: int) -> list:
         """[(begin, end, k_j)] of the segments a tensor of n elements is selected in."""
@@ -402,71 +294,32 @@ class TopK(_Sparsifier):
         bounds = [n * j // s for j in range(s + 1)]
         return [(b, e, _C.sparse_k(e - b, self.ratio)) for b, e in zip(bounds, bounds[1:])]
 
-    def _select(self, x32, e, seed):
-        segs = self.segments(x32.size)
-        k = sum(kj for _, _, kj in segs)
-        idx, val = np.empty(k, np.uint32), np.empty(k, np.float32)
-        at = 0
-        for b, end, kj in segs:
-            out = (idx[at:].ctypes.data, val[at:].ctypes.data, "sampled", seed)
-            if e is not None:
-                _C.topk_ef(x32[b:].ctypes.data, e[b:].ctypes.data, end - b, kj, *out)
-            else:
-                _C.topk(x32[b:].ctypes.data, end - b, kj, *out)
-            idx[at : at + kj] += b
-            at += kj
-        return idx, val
 
-
-class RandomK(_Sparsifier):
+class RandomK(Compressor):
     """k = round(ratio * n) indices drawn uniformly from a per-call seed that every rank
     computes alike, so only the k values travel (summed by a ring). Values are not rescaled."""
-
-    _kind = _KINDS["randomk"]
 
     def __init__(
         self, ratio: float = 0.01, seed: int = 0, error_feedback: bool = True, *, measure_error: bool = False
     ):
-        super().__init__(error_feedback=error_feedback, measure_error=measure_error, seed=seed)
-        self.ratio = self._check_ratio(ratio)
+        o = _C.CompressionOptions("randomk", ratio=ratio, measure_error=measure_error)
+        super().__init__(o, error_feedback=error_feedback, seed=seed)
+        self.ratio = o.ratio
 
     def __repr__(self) -> str:
         return f"RandomK(ratio={self.ratio}, seed={self.seed}, error_feedback={self.error_feedback})"
 
-    def _c_kwargs(self, seed: int) -> dict:
-        return {"ratio": self.ratio, "seed": seed}
 
-    def _select(self, x32, e, seed):
-        n = x32.size
-        k = _C.sparse_k(n, self.ratio) if n else 0
-        idx, val = np.empty(k, np.uint32), np.empty(k, np.float32)
-        if k:
-            _C.randomk(x32.ctypes.data, n, k, seed, idx.ctypes.data, val.ctypes.data)
-        return idx, val
-
-
-class Threshold(_Sparsifier):
+class Threshold(Compressor):
     """Every element with |x| > value (value >= 0). The count varies per rank and call."""
 
-    _kind = _KINDS["threshold"]
-
     def __init__(self, value: float, error_feedback: bool = True, *, measure_error: bool = False):
-        if not isinstance(value, (int, float)) or not value >= 0.0 or math.isinf(value):
-            raise ValueError(f"threshold value must be a finite number >= 0, got {value!r}")
-        super().__init__(error_feedback=error_feedback, measure_error=measure_error)
+        o = _C.CompressionOptions("threshold", threshold=value, measure_error=measure_error)
+        super().__init__(o, error_feedback=error_feedback)
         self.value = float(value)
 
     def __repr__(self) -> str:
         return f"Threshold(value={self.value}, error_feedback={self.error_feedback})"
-
-    def _c_kwargs(self, seed: int) -> dict:
-        return {"threshold": self.value, "seed": seed}
-
-    def _select(self, x32, e, seed):
-        n = x32.size
-        idx, val = np.empty(n, np.uint32), np.empty(n, np.float32)
-        m = _C.threshold(x32.ctypes.data, n, self.value, idx.ctypes.data, val.ctypes.data, n) if n else 0
-        return idx[:m].copy(), val[:m].copy()
 
 
 class HalfPrecision(Compressor):
@@ -476,33 +329,10 @@ class HalfPrecision(Compressor):
     def __init__(self, fmt: str = "fp16", error_feedback: bool = False, *, measure_error: bool = False):
         if fmt not in ("fp16", "bf16"):
             raise ValueError(f"HalfPrecision format must be 'fp16' or 'bf16', got {fmt!r}")
-        super().__init__(error_feedback=error_feedback, measure_error=measure_error)
+        super().__init__(
+            _C.CompressionOptions(fmt, measure_error=measure_error), error_feedback=error_feedback
+        )
         self.fmt = fmt
-        self._kind = _KINDS[fmt]
-        self._wire = DTYPE_CODES["float16" if fmt == "fp16" else "bfloat16"]
 
     def __repr__(self) -> str:
         return f"HalfPrecision({self.fmt!r}, error_feedback={self.error_feedback})"
-
-    def _c_kwargs(self, seed: int) -> dict:
-        return {}
-
-    def _encode(self, v, e, seed):
-        data = np.empty(v.count, np.uint16)
-        if v.count:
-            x32 = _as_f32(v)
-            if e is not None:
-                e += x32
-                _C.cast(e.ctypes.data, _F32, data.ctypes.data, self._wire, v.count)
-                back = np.empty(v.count, np.float32)
-                _C.cast(data.ctypes.data, self._wire, back.ctypes.data, _F32, v.count)
-                e -= back
-            else:
-                _C.cast(x32.ctypes.data, _F32, data.ctypes.data, self._wire, v.count)
-        exp = 0x7C00 if self.fmt == "fp16" else 0x7F80
-        bad = ((data & exp) == exp).any()
-        return {"data": data}, f"values are NaN or Inf in {self.fmt}" if bad else ""
-
-    def _decode(self, arrays, y):
-        if y.size:
-            _C.cast(arrays["data"].ctypes.data, self._wire, y.ctypes.data, _F32, y.size)

@@ -78,14 +78,10 @@ TEST(errors, mpi_algorithm_without_native_allreduce) {
 }
 
 // An algorithm the transport cannot run is the caller's mistake whatever the count and the
-// number of ranks: "mpi" without a native allreduce, "shm" without shared memory. Today
-// allreduce() returns before looking at the algorithm when count == 0, and "shm" at one rank
-// takes the one-rank shortcut, so the same call passes in a small test and throws at scale.
-KNOWN_BUG_TEST(
-    errors, unrunnable_algorithm_rejected_at_every_count,
-    "collectives/allreduce.cc: allreduce(count=0, algorithm=mpi) on a transport without a native "
-    "allreduce, and allreduce(algorithm=shm) without a shared arena at count 0 or on 1 rank, return "
-    "normally instead of throwing std::invalid_argument as they do for count > 0 on p > 1 ranks") {
+// number of ranks: "mpi" without a native allreduce, "shm" without shared memory. (Found by this
+// test: allreduce() used to return before looking at the algorithm when count == 0, and "shm"
+// at one rank took the one-rank shortcut.)
+TEST(errors, unrunnable_algorithm_rejected_at_every_count) {
   zcoll::InProcOptions no_arena = ztest::test_options();
   no_arena.shared_arena = false;
   for (int p : {1, 2, 4}) {
@@ -201,13 +197,13 @@ TEST(errors, check_mode_names_the_field) {
       o.root = odd(comm) ? 0 : p - 1;
       zcoll::reduce(comm, x.data(), y.data(), x.size(), DType::kFloat32, o);
     });
-    expect_mismatch_everywhere(p, "collective", [&](Communicator& comm) {
+    expect_mismatch_everywhere(p, "compression", [&](Communicator& comm) {
       std::vector<float> x(600, 1.0f), y(600);
       zcoll::CompressionOptions o = zcoll::parse_compression(odd(comm) ? "topk:0.1" : "int8");
       o.check_args = true;
       zcoll::allreduce_compressed(comm, x.data(), y.data(), x.size(), DType::kFloat32, o);
     });
-    expect_mismatch_everywhere(p, "algorithm", [&](Communicator& comm) {
+    expect_mismatch_everywhere(p, "bits", [&](Communicator& comm) {
       std::vector<float> x(600, 1.0f), y(600);
       zcoll::CompressionOptions o = zcoll::parse_compression(odd(comm) ? "int4" : "int8");
       o.check_args = true;

@@ -1,0 +1,108 @@
+// Enum conversion (enums.h). A str argument is first compared by identity with the interned
+// names (string literals in Python code are interned, so `op="sum"` costs a few pointer
+// compares), then by value through the C++ parsers, whose errors list the valid names.
+#include "bindings/enums.h"
+
+#include <string>
+
+#include "common/check.h"
+
+namespace py = pybind11;
+
+namespace zcoll::bindings {
+namespace {
+
+constexpr const char* kCompressionNames[] = {"none", "fp16",    "bf16",     "quantize",
+                                             "topk", "randomk", "threshold"};
+constexpr int kNumCompressions = 7;
+
+// Interned Python strings for names[0..n), made once.
+template <int N>
+struct InternedNames {
+  PyObject* names[N];
+  template <typename NameOf>
+  explicit InternedNames(NameOf name_of) {
+    for (int i = 0; i < N; ++i) names[i] = PyUnicode_InternFromString(name_of(i));
+  }
+  int find(PyObject* s) const {
+    for (int i = 0; i < N; ++i)
+      if (names[i] == s) return i;
+    return -1;
+  }
+};
+
+std::string utf8(py::handle h) {
+  Py_ssize_t len = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(h.ptr(), &len);
+  if (!s) throw py::error_already_set();
+  return std::string(s, static_cast<std::size_t>(len));
+}
+
+template <typename E, int N, typename NameOf, typename Parse>
+E convert(py::handle h, const char* what, const char* enum_name, const char* valid, NameOf name_of,
+          Parse parse) {
+  static const InternedNames<N> names(name_of);
+  if (PyUnicode_Check(h.ptr())) {
+    const int i = names.find(h.ptr());
+    return i >= 0 ? static_cast<E>(i) : parse(utf8(h));
+  }
+  if (py::isinstance<E>(h)) return h.cast<E>();
+  throw py::type_error(detail::concat(what, " must be a str (", valid, ") or zcoll._C.", enum_name, ", got ",
+                                      Py_TYPE(h.ptr())->tp_name));
+}
+
+}  // namespace
+
+const char* compression_kind_name(Compression kind) {
+  const int i = static_cast<int>(kind);
+  ZCOLL_REQUIRE(i >= 0 && i < kNumCompressions, "unknown compression kind code ", i);
+  return kCompressionNames[i];
+}
+
+ReduceOp to_op(py::handle h) {
+  return convert<ReduceOp, kNumReduceOps>(
+      h, "op", "ReduceOp", "sum prod min max avg", [](int i) { return op_name(static_cast<ReduceOp>(i)); },
+      parse_op);
+}
+
+Algorithm to_algorithm(py::handle h) {
+  return convert<Algorithm, kNumAlgorithms>(
+      h, "algorithm", "Algorithm", "auto ring tree recursive_doubling halving_doubling mpi shm",
+      [](int i) { return algorithm_name(static_cast<Algorithm>(i)); }, parse_algorithm);
+}
+
+DType to_dtype(py::handle h) {
+  return convert<DType, kNumDTypes>(
+      h, "dtype", "DType", "float32 float64 float16 bfloat16 int8 uint8 int32 int64",
+      [](int i) { return dtype_name(static_cast<DType>(i)); }, parse_dtype);
+}
+
+Compression to_compression(py::handle h) {
+  return convert<Compression, kNumCompressions>(
+      h, "compression kind", "Compression", "none fp16 bf16 quantize topk randomk threshold",
+      [](int i) { return kCompressionNames[i]; },
+      [](const std::string& name) -> Compression {
+        for (int i = 0; i < kNumCompressions; ++i)
+          if (name == kCompressionNames[i]) return static_cast<Compression>(i);
+        throw std::invalid_argument("unknown compression kind '" + name +
+                                    "'; valid: none fp16 bf16 quantize topk randomk threshold");
+      });
+}
+
+void bind_enums(py::module_& m) {
+  py::enum_<DType> dtype(m, "DType", "Element types (csrc/common/dtype.h).");
+  for (int i = 0; i < kNumDTypes; ++i) dtype.value(dtype_name(static_cast<DType>(i)), static_cast<DType>(i));
+  py::enum_<ReduceOp> op(m, "ReduceOp", "Reduction operations (csrc/common/dtype.h).");
+  for (int i = 0; i < kNumReduceOps; ++i)
+    op.value(op_name(static_cast<ReduceOp>(i)), static_cast<ReduceOp>(i));
+  py::enum_<Algorithm> algorithm(m, "Algorithm", "Allreduce algorithms (csrc/collectives/options.h).");
+  for (int i = 0; i < kNumAlgorithms; ++i)
+    algorithm.value(algorithm_name(static_cast<Algorithm>(i)), static_cast<Algorithm>(i));
+  py::enum_<Compression> compression(m, "Compression",
+                                     "Compressed wire formats (csrc/collectives/compression.h).");
+  for (int i = 0; i < kNumCompressions; ++i)
+    compression.value(kCompressionNames[i], static_cast<Compression>(i));
+  m.def("dtype_size", [](py::handle d) { return dtype_size(to_dtype(d)); }, py::arg("dtype"));
+}
+
+}  // namespace zcoll::bindings

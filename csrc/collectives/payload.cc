@@ -1,0 +1,134 @@
+// One rank's compressed payload and its decode (payload.h), through the collectives' own
+// encode and selection code.
+//   ring codecs  make_ring_codec(...)->encode(x, e, 0, count, hop 0): one segment covering the
+//                tensor (segments are whole blocks, and the kernels seed by element offset, so
+//                this is the bits the ring's per-segment encodes produce); decode likewise
+//   top-k        topk_select_segment over TopkLayout, pairs of segment j at offset koff[j]
+//   threshold,   select_sparse with capacity count (nothing overflows), compacted to m pairs
+//   random-k
+//   decode of pairs: zeros, then scatter_add (what every rank does with its own pairs)
+#include "collectives/payload.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "collectives/compressed.h"
+#include "common/check.h"
+#include "kernels/quantize.h"
+#include "kernels/reduce.h"
+#include "kernels/sparsify.h"
+
+namespace zcoll {
+namespace {
+
+using detail::make_ring_codec;
+
+bool is_ring_codec(Compression kind) {
+  return kind == Compression::kQuantize || kind == Compression::kFp16 || kind == Compression::kBf16;
+}
+
+std::size_t count_nonfinite(const float* v, std::size_t m) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < m; ++i) bad += !(v[i] - v[i] == 0.0f);
+  return bad;
+}
+
+// Pairs laid out as [uint32 index x m][float32 value x m].
+void set_pairs(WirePayload& p, std::size_t m) {
+  p.bytes.resize(8 * m);
+  p.arrays = {{"indices", "u4", 0, m, 4}, {"values", "f4", 4 * m, m, 4}};
+}
+std::uint32_t* indices(WirePayload& p) { return reinterpret_cast<std::uint32_t*>(p.bytes.data()); }
+float* values(WirePayload& p) { return reinterpret_cast<float*>(p.bytes.data() + p.arrays[1].offset); }
+
+void encode_ring(WirePayload& p, const void* x, std::size_t count, DType dtype, const CompressionOptions& o) {
+  std::vector<float> tmp(2 * count);
+  auto codec = make_ring_codec(o, dtype, tmp.data(), count);
+  p.bytes.resize(codec->payload_bytes(count));
+  if (o.kind == Compression::kQuantize) {
+    kernels::QuantParams q;
+    q.bits = o.bits;
+    q.block = o.block;
+    const kernels::QuantLayout l = kernels::quant_layout(count, q);
+    p.arrays = {{"codes", "u1", 0, l.code_bytes, 1}, {"scales", "f4", l.scales_offset, l.blocks, 4}};
+  } else {
+    p.arrays = {{"data", "u2", 0, count, 2}};
+  }
+  if (count == 0) return;
+  codec->encode(x, o.residual, 0, count, /*hop=*/0, p.bytes.data());
+  p.nonfinite = codec->nonfinite(p.bytes.data(), count);
+}
+
+void encode_topk(WirePayload& p, const void* x, std::size_t count, DType dtype, const CompressionOptions& o) {
+  if (count == 0) return set_pairs(p, 0);
+  const detail::TopkLayout layout(count, o);
+  set_pairs(p, layout.K);
+  std::vector<float> w(dtype == DType::kFloat32 ? 0 : layout.longest);
+  for (std::size_t j = 0; j < layout.segments(); ++j)
+    detail::topk_select_segment(x, dtype, o.residual, layout, j, o.seed, w.data(),
+                                indices(p) + layout.koff[j], values(p) + layout.koff[j]);
+  p.nonfinite = count_nonfinite(values(p), layout.K);
+}
+
+void encode_sparse(WirePayload& p, const void* x, std::size_t count, DType dtype,
+                   const CompressionOptions& o) {
+  if (count == 0) return set_pairs(p, 0);
+  std::vector<float> wide;
+  const float* g = static_cast<const float*>(x);
+  if (dtype != DType::kFloat32) {
+    wide.resize(count);
+    kernels::cast(x, dtype, wide.data(), DType::kFloat32, count);
+    g = wide.data();
+  }
+  set_pairs(p, count);  // room for every element: nothing overflows
+  const detail::SparseSelection s =
+      detail::select_sparse(g, count, o, o.residual, count, indices(p), values(p));
+  std::memmove(p.bytes.data() + 4 * s.m, values(p), 4 * s.m);  // compact to m pairs
+  set_pairs(p, s.m);
+  p.nonfinite = count_nonfinite(values(p), s.m);
+}
+
+}  // namespace
+
+WirePayload encode_payload(const void* x, std::size_t count, DType dtype, const CompressionOptions& o) {
+  validate(o, dtype, count);
+  ZCOLL_REQUIRE(o.kind != Compression::kNone, "a payload needs a compression kind, not none");
+  ZCOLL_REQUIRE(count == 0 || x != nullptr, "encode_payload: null buffer");
+  WirePayload p;
+  p.kind = o.kind;
+  if (is_ring_codec(o.kind))
+    encode_ring(p, x, count, dtype, o);
+  else if (o.kind == Compression::kTopK)
+    encode_topk(p, x, count, dtype, o);
+  else
+    encode_sparse(p, x, count, dtype, o);
+  return p;
+}
+
+std::size_t decode_payload(const WirePayload& p, std::size_t count, DType dtype, const CompressionOptions& o,
+                           void* y) {
+  validate(o, dtype, count);
+  ZCOLL_REQUIRE(p.kind == o.kind, "decode_payload: a payload of another compression kind");
+  if (count == 0) return 0;
+  if (is_ring_codec(o.kind)) {
+    std::vector<float> tmp(2 * count);
+    auto codec = make_ring_codec(o, dtype, tmp.data(), count);
+    ZCOLL_CHECK_EQ(p.bytes.size(), codec->payload_bytes(count), "payload size");
+    return codec->decode(p.bytes.data(), count, /*divisor=*/1, y);
+  }
+  const std::size_t m = p.arrays.at(0).count;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(p.bytes.data());
+  const auto* val = reinterpret_cast<const float*>(p.bytes.data() + p.arrays.at(1).offset);
+  std::vector<float> wide;
+  float* y32 = static_cast<float*>(y);
+  if (dtype != DType::kFloat32) {
+    wide.resize(count);
+    y32 = wide.data();
+  }
+  std::memset(y32, 0, count * sizeof(float));
+  kernels::scatter_add(y32, count, idx, val, m);
+  if (dtype != DType::kFloat32) kernels::cast(y32, DType::kFloat32, y, dtype, count);
+  return count_nonfinite(val, m);
+}
+
+}  // namespace zcoll
