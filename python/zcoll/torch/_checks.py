@@ -14,19 +14,23 @@ import torch.distributed as dist
 
 RED = dist.ReduceOp.RedOpType
 OPS = {RED.SUM: "sum", RED.AVG: "avg", RED.PRODUCT: "prod", RED.MIN: "min", RED.MAX: "max"}
+# By the enum's integer value: hashing a RedOpType costs ~0.7 us, reading .value ~0.1 us.
+_OP_BY_VALUE = {kind.value: name for kind, name in OPS.items()}
 FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DTYPES = FLOAT + (torch.int8, torch.uint8, torch.int32, torch.int64)
+_FLOAT_SET = frozenset(FLOAT)
+_DTYPE_SET = frozenset(DTYPES)
 
 
 def check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"zcoll {call}: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(
             f"zcoll {call}: {what} is on {t.device}, but the zcoll backend works on CPU tensors only; "
             "move it with .cpu() (zcoll has no CUDA path yet; use NCCL for GPU tensors)"
         )
-    if t.dtype not in DTYPES:
+    if t.dtype not in _DTYPE_SET:
         raise ValueError(
             f"zcoll {call}: {what} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
         )
@@ -69,15 +73,17 @@ def like(call: str, a: torch.Tensor, b: torch.Tensor, a_per_b: float) -> None:
 
 def op_name(call: str, opts: Any, t: torch.Tensor) -> str:
     """zcoll's name of ``opts.reduceOp`` (SUM when opts is None), checked against t's dtype."""
-    op = RED.SUM if opts is None else opts.reduceOp
+    if opts is None:
+        return "sum"
+    op = opts.reduceOp
     kind = getattr(op, "op", op)
-    name = OPS.get(kind)
+    name = _OP_BY_VALUE.get(getattr(kind, "value", None))
     if name is None:
         raise NotImplementedError(
             f"zcoll {call}: ReduceOp.{getattr(kind, 'name', kind)} is not supported "
             f"(supported: SUM, AVG, PRODUCT, MIN, MAX)"
         )
-    if name == "avg" and t.dtype not in FLOAT:
+    if name == "avg" and t.dtype not in _FLOAT_SET:
         raise ValueError(
             f"zcoll {call}: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}; use SUM and divide"
         )

@@ -105,10 +105,14 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         return self._exec.call(fn, value, async_op)
 
     # -- collectives --------------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         t = chk.one("all_reduce", tensors)
         op = chk.op_name("all_reduce", opts, t)
         comm = self._comm
+        if opts is not None and not opts.asyncOp:  # the common synchronous call: no closure
+            done = self._exec.run_now(comm.allreduce, t, op, "auto", t)
+            if done is not None:
+                return done
         return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], chk.is_async(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
