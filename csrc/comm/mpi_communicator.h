@@ -2,10 +2,11 @@
 // never match the caller's; never calls MPI_Init (the caller, mpi4py or a benchmark main does).
 //
 // Waiting: MPI_Wait in MPICH busy-polls, which is fastest with a core per rank and ruinous when
-// ranks outnumber cores (a spinning rank steals the core its peer needs to make progress). So
-// wait() polls MPI_Test with a Backoff (comm/backoff.h): spin for tens of microseconds, then
-// sched_yield() between polls. ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default
-// auto: after 64 polls when the ranks on this node outnumber its cores, after 4096 otherwise).
+// ranks outnumber cores (a spinning rank steals the core its peer needs to make progress) or when
+// a communication thread shares its core with compute. So wait() polls MPI_Test with a Backoff
+// (comm/backoff.h): spin for ~20 us, yield until 50 us, then sleep between polls.
+// ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default auto: after 64 polls when the
+// ranks on this node outnumber its cores, after the spin phase otherwise).
 #pragma once
 #include <mpi.h>
 
