@@ -270,15 +270,12 @@ def run(args: argparse.Namespace) -> int:
                 say(note)
             if p.ranks == 0:
                 say(f"fewer than --min-ranks {min_ranks} ranks can run; giving up")
-                launches.append(Launch(number, 0, "-", returncode=1))
                 break
-            last_ranks = next((l.ranks for l in reversed(launches) if l.ranks), args.ranks)
+            last_ranks = launches[-1].ranks if launches else args.ranks
             if p.ranks != last_ranks:
-                change = f"ranks {last_ranks} -> {p.ranks} at launch {number}" + (
-                    f" ({'; '.join(p.notes)})" if p.notes else ""
-                )
-                changes.append(change)
+                change = f"ranks {last_ranks} -> {p.ranks} at launch {number}"
                 say(change)
+                changes.append(change + "".join(f"; {note}" for note in p.notes))
             hostfile = (
                 write_hostfile(p.hosts, Path(scratch)) if p.hosts is not None and kind == "mpirun" else None
             )
@@ -296,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
             if interrupted is not None:
                 say(f"stopped by {signal.Signals(interrupted).name}; not restarting")
                 break
+            if number == args.max_restarts:
+                say(f"no restarts left (--max-restarts {args.max_restarts})")
     summarise(launches, changes, time.monotonic() - start)
     return launches[-1].returncode if launches else 1
 
