@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from mpi_util import ROOT, run
+from mpi_util import ROOT, case_names, run, script_job
 
 import zcoll
 import zcoll.torch
@@ -262,6 +262,17 @@ def test_per_rank_state_for_fewer_ranks_is_the_mean():
     assert torch.equal(merged["compressor"]["residuals"]["b"], torch.tensor([2.0]))
 
 
+# -- the checkpoint helper under mpirun (tests/torch_mpi/checkpoint.py) ---------------------------------
+@pytest.mark.parametrize("case", case_names("torch_mpi/checkpoint.py"))
+def test_checkpoint_two_ranks(case):
+    script_job("torch_mpi/checkpoint.py", 2).check(case, min_checks=2)
+
+
+def test_checkpoint_resumes_bit_exactly_on_three_ranks():
+    case = "ddp_with_compression_resumes_bit_exactly"
+    script_job("torch_mpi/checkpoint.py", 3, case).check(case, min_checks=8)
+
+
 # -- end to end: the digits example under zcoll run ----------------------------------------------------
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
@@ -287,7 +298,7 @@ def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
     assert digits_rows(out)["int8"] == (acc, digest), out  # same accuracy, bit-identical parameters
     # the bound: within 1.5x the uninterrupted wall time plus one restart's start-up
     startup = startup_seconds(out)[-1]
-    print(f"\nwall: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start-up {startup:.1f} s")
+    print(f"\nwall: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start {startup:.1f} s")
     assert seconds <= 1.5 * plain_seconds + startup, out
 
 

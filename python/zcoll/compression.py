@@ -144,7 +144,7 @@ class Compressor:
         CPU tensors), so the next call computes exactly what it would have before the save."""
         residuals = {}
         for key, r in state["residuals"].items():
-            a = np.array(r.numpy() if hasattr(r, "numpy") else r, dtype=np.float32, copy=True)  # torch or numpy
+            a = np.array(r.numpy() if hasattr(r, "numpy") else r, dtype=np.float32, copy=True)  # or a tensor
             residuals[key] = (tuple(a.shape), a.reshape(-1))
         self._residuals = residuals
         self._calls = {k: int(n) for k, n in state["calls"].items()}

@@ -199,16 +199,13 @@ def save(
         )
     comm = comm if comm is not None else _launch.world_comm()
     directory = Path(directory)
-    rank_state = {
-        "rank": comm.rank,
-        "rng": _rng_state(),
-        "compression": _tensors_for_numpy(compression_state.state_dict())
-        if compression_state is not None
-        else None,
-    }
-    replicated_entry, error = None, None
     try:
-        rank_entry = files.write_part(directory, step, f"rank{comm.rank:05d}", _serialise(rank_state))
+        rank_state = {
+            "rank": comm.rank,
+            "rng": _rng_state(),
+            "compression": _tensors_for_numpy(compression_state.state_dict()) if compression_state else None,
+        }
+        parts = [files.write_part(directory, step, f"rank{comm.rank:05d}", _serialise(rank_state))]
         if comm.rank == 0:
             replicated = {
                 "step": step,
@@ -219,26 +216,32 @@ def save(
                 "data_position": _tensors_for_numpy(data_position),
                 "extra": _tensors_for_numpy(extra),
             }
-            replicated_entry = files.write_part(directory, step, "replicated", _serialise(replicated))
+            parts.append(files.write_part(directory, step, "replicated", _serialise(replicated)))
+        error = None
     except Exception as e:  # reported to every rank below, so nobody waits for a rank that failed
-        rank_entry, error = None, f"rank {comm.rank}: {type(e).__name__}: {e}"
-    reports = comm.gather((rank_entry, error), root=0)
-    outcome = None
-    if comm.rank == 0:
-        errors = [err for _, err in reports if err]
-        if errors:
-            outcome = ("error", "; ".join(errors))
-        else:
-            try:
-                path = files.commit(directory, step, replicated_entry, [entry for entry, _ in reports])
-                files.prune(directory, step, keep)
-                outcome = ("ok", str(path))
-            except Exception as e:
-                outcome = ("error", f"rank 0: {type(e).__name__}: {e}")
-    status, detail = comm.bcast(outcome, root=0)
+        parts, error = None, f"rank {comm.rank}: {type(e).__name__}: {e}"
+    reports = comm.gather((parts, error), root=0)
+    status, detail = comm.bcast(_commit(directory, step, keep, reports) if comm.rank == 0 else None, root=0)
     if status != "ok":
         raise RuntimeError(f"zcoll checkpoint of step {step} in {directory} not saved: {detail}")
     return Path(detail)
+
+
+def _commit(directory: Path, step: int, keep: int, reports: List[Any]) -> tuple:
+    """Rank 0: ("ok", manifest path) once the manifest is written, else ("error", why)."""
+    errors = [error for _, error in reports if error]
+    if errors:
+        return ("error", "; ".join(errors))
+    try:
+        ranks, replicated = [parts[0] for parts, _ in reports], reports[0][0][1]
+        path = files.commit(directory, step, replicated, ranks)
+    except Exception as e:
+        return ("error", f"rank 0: {type(e).__name__}: {e}")
+    try:
+        files.prune(directory, step, keep)
+    except OSError as e:  # the checkpoint stands; older files stay behind
+        warnings.warn(f"zcoll checkpoint: could not delete old checkpoints in {directory}: {e}", stacklevel=3)
+    return ("ok", str(path))
 
 
 # -- load -----------------------------------------------------------------------------------------
