@@ -78,6 +78,23 @@ def test_gives_up_after_max_restarts_with_the_jobs_status(tmp_path):
     assert "no restarts left (--max-restarts 1)" in out and "FAILED after 1 restart" in out, out
 
 
+def test_sigterm_stops_the_job_without_a_restart():
+    """The job signals `zcoll run` itself (its ancestor), then waits to be ended."""
+    program = """
+import os, signal, time
+pid = os.getppid()
+while b"zcoll\\0run" not in open(f"/proc/{pid}/cmdline", "rb").read():
+    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+os.kill(pid, signal.SIGTERM)
+time.sleep(60)
+"""
+    rc, out, seconds = zcoll_run(
+        "-n", "1", "--max-restarts", "3", "--", sys.executable, "-c", program, timeout=60
+    )
+    assert rc != 0 and "stopped by SIGTERM; not restarting" in out and "after 0 restarts" in out, out
+    assert seconds < 30, out
+
+
 def test_too_few_hosts_for_min_ranks_launches_nothing(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n")

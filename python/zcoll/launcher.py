@@ -13,9 +13,10 @@ when it fails, on fewer ranks when a node is gone (elastic by restart, as torchr
    (``zcoll.torch.checkpoint.load``); ``zcoll run`` says which one that is.
 3. Ranks: before every launch, the capacity: the slots of the --hosts file (hydra's format,
    ``host[:slots]`` per line, read again every time: a removed line is a node gone) on the hosts
-   that pass --health-check (``CMD HOST``, exit 0 within 60 s). The job runs on min(-n, capacity)
-   ranks when that is at least --min-ranks (default -n: no shrinking), with the healthy hosts only;
-   otherwise `zcoll run` stops. A node that comes back is used again (up to -n ranks).
+   that pass --health-check (``CMD HOST``, exit 0 within 60 s; without --hosts HOST is localhost
+   and a failure stops the run). The job runs on min(-n, capacity) ranks when that is at least
+   --min-ranks (default -n: no shrinking), with the healthy hosts only; otherwise `zcoll run`
+   stops. A node that comes back is used again (up to -n ranks).
 4. SIGINT or SIGTERM to `zcoll run` goes to the launcher and ends the run without a restart.
 5. At the end, a summary: every launch with its ranks, exit status, seconds and the checkpoint it
    started from. The exit status is 0, or that of the last launch.
@@ -85,7 +86,10 @@ def healthy(hosts: Sequence[Host], check: Optional[str], env: dict) -> Tuple[Lis
             why = f"{h.name}: health check still running after {HEALTH_CHECK_TIMEOUT:.0f} s"
         except OSError as e:
             why = f"{h.name}: health check could not run: {e}"
-        (dropped.append(why) if why else ok.append(h))
+        if why:
+            dropped.append(why)
+        else:
+            ok.append(h)
     return ok, dropped
 
 
@@ -106,8 +110,8 @@ def plan(requested: int, min_ranks: int, hosts_file: Optional[Path], check: Opti
         return Plan(requested if ok else 0, None, notes)
     try:
         listed = read_hosts(hosts_file)
-    except OSError as e:
-        return Plan(0, [], [f"cannot read the hosts file: {e}"])
+    except (OSError, ValueError) as e:
+        return Plan(0, [], [f"cannot use the hosts file: {e}"])
     ok, notes = healthy(listed, check, env)
     capacity = sum(h.slots for h in ok)
     ranks = min(requested, capacity)
