@@ -15,15 +15,30 @@ the script prints one table row per configuration and saves the loss curves:
 
 Columns: final test accuracy, updates, bytes sent per update and per backward (this rank's
 ``comm.stats()["bytes_sent"]``; n/a for gloo, which counts nothing), ms per update (training
-only), and the largest difference of the final parameters from gloo's (same seed, same data
-order). After every update the script checks that all ranks hold bit-identical parameters.
+only), the largest difference of the final parameters from gloo's (same seed, same data
+order), and a digest of the final parameters. After every update the script checks that all
+ranks hold bit-identical parameters.
+
+Checkpoints and restarts (``zcoll run``, ``zcoll.torch.checkpoint``)::
+
+    zcoll run -n 2 --max-restarts 2 --checkpoint-dir ckpt -- \
+        python examples/train_digits.py --checkpoint-every 20 --kill-rank 1 --kill-at-step 50
+
+Every ``--checkpoint-every`` updates each configuration saves a checkpoint in
+``<dir>/<config>/`` (and one at its end); on start it resumes from the newest one. The
+fault injection kills the given rank with SIGKILL after the given update, on the first launch
+only (ZCOLL_RESTART=0), so ``zcoll run`` restarts the job and the run ends with the same final
+parameters (same digest) as an uninterrupted one.
 """
 
 import argparse
 import hashlib
 import os
+import signal
 import time
+from pathlib import Path
 
+STARTED = time.monotonic()  # before torch's import: the start-up time reported includes it
 os.environ.setdefault("MPIR_CVAR_DEVICE_COLLECTIVES", "none")  # MPICH's own collectives spin otherwise
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -53,6 +68,14 @@ def options():
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--png", default="digits_loss.png", help="where to save the loss curves")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=zcoll._C.env_get("ZCOLL_CHECKPOINT_DIR") or None,
+        help="save and resume checkpoints here (default: ZCOLL_CHECKPOINT_DIR, set by `zcoll run`)",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=20, help="updates between checkpoints")
+    p.add_argument("--kill-rank", type=int, default=None, help="fault injection: the rank to kill")
+    p.add_argument("--kill-at-step", type=int, default=0, help="fault injection: after this update")
     return p.parse_args()
 
 
@@ -84,30 +107,78 @@ def identical_everywhere(world, model):
         raise SystemExit(f"rank {world.rank}: parameters differ across ranks")
 
 
+def kill_if_asked(args, rank, updates):
+    """Fault injection: SIGKILL this rank after update --kill-at-step, on the first launch only."""
+    if rank == args.kill_rank and updates == args.kill_at_step and zcoll._C.env_get("ZCOLL_RESTART") == 0:
+        print(f"# rank {rank}: killed after update {updates} (--kill-rank, --kill-at-step)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Progress:
+    """Where a configuration's training stands, besides the model and optimizer: what a
+    checkpoint saves as its data position (epoch, first row of the next batch) and extra."""
+
+    def __init__(self):
+        self.epoch, self.row = 0, 0
+        self.updates, self.backwards, self.losses = 0, 0, []
+        self.epoch_loss, self.n, self.busy, self.sent = 0.0, 0.0, 0.0, 0  # this rank's (sent: before)
+
+    def save(self, directory, world, sent, **state):
+        mine = (self.epoch_loss, self.n, self.busy, sent)
+        extra = {"updates": self.updates, "backwards": self.backwards, "losses": self.losses}
+        extra["per_rank"] = world.allgather(mine)
+        position = {"epoch": self.epoch, "row": self.row}  # in rows: right for any rank count
+        zcoll.torch.checkpoint.save(directory, self.updates, data_position=position, extra=extra, **state)
+
+    def load(self, directory, world, name, rebuild_buckets, **state):
+        resumed = zcoll.torch.checkpoint.load(directory, rebuild_buckets=rebuild_buckets, **state)
+        if resumed is None:
+            return
+        self.epoch, self.row = resumed.data_position["epoch"], resumed.data_position["row"]
+        extra = resumed.extra
+        self.updates, self.backwards, self.losses = extra["updates"], extra["backwards"], extra["losses"]
+        per_rank = extra["per_rank"]
+        if resumed.resized:  # another rank's share: start from the mean of the saved ones
+            per_rank = [tuple(sum(col) / len(per_rank) for col in zip(*per_rank))] * world.size
+        self.epoch_loss, self.n, self.busy, self.sent = per_rank[world.rank]
+        if world.rank == 0:
+            where = f"update {resumed.step} (epoch {self.epoch}, row {self.row}"
+            if resumed.resized:
+                where += f", saved by {resumed.saved_world_size} ranks, now {world.size}"
+            print(f"# {name}: resumed from {where})", flush=True)
+
+
 def train(name, args, world, groups, data):
     xtr, ytr, xte, yte = data
     rank, size = world.rank, world.size
     group = groups["gloo" if name == "gloo" else "zcoll"]
     model = DDP(make_net(args.seed), process_group=group)
     micro = 4 if name.startswith("accum4") else 1
+    compression = None
     if name in COMPRESSORS:
-        zcoll.torch.apply_gradient_compression(model, COMPRESSORS[name]())
+        compression = zcoll.torch.apply_gradient_compression(model, COMPRESSORS[name]())
     opt = zcoll.torch.optim.Adam(
         model.parameters(),
         lr=args.lr,
         gradient_accumulation_steps=micro,
         model=model if name == "accum4" else None,
     )
+    ckpt = Path(args.checkpoint_dir, name) if args.checkpoint_dir else None
+    state = {"model": model, "optimizer": opt, "compression_state": compression}
+    run = Progress()
+    if ckpt:  # any batch: DDP's first backward only decides its bucket layout (see checkpoint.load)
+        first_backward = lambda: F.cross_entropy(model(xtr[:8]), ytr[:8]).backward()  # noqa: E731
+        run.load(ckpt, world, name, first_backward, **state)
     comm = group.communicator if name != "gloo" else None
     if comm:
         comm.reset_stats()
     global_batch = args.batch * size
     rows = args.batch // micro
-    losses, updates, busy, backwards = [], 0, 0.0, 0
-    for epoch in range(args.epochs):
+    sent = lambda: run.sent + (comm.stats()["bytes_sent"] if comm else 0)  # noqa: E731
+    for epoch in range(run.epoch, args.epochs):
+        run.epoch = epoch
         order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
-        epoch_loss, n = 0.0, 0
-        for start_row in range(0, len(order) - global_batch + 1, global_batch):
+        for start_row in range(run.row, len(order) - global_batch + 1, global_batch):
             batch = order[start_row : start_row + global_batch]
             t0 = time.perf_counter()
             for k in range(micro):  # micro-batch k of this rank's share
@@ -116,23 +187,33 @@ def train(name, args, world, groups, data):
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-                epoch_loss, n, backwards = epoch_loss + loss.item() / micro, n + 1 / micro, backwards + 1
-            busy += time.perf_counter() - t0
-            updates += 1
+                run.epoch_loss, run.n = run.epoch_loss + loss.item() / micro, run.n + 1 / micro
+                run.backwards += 1
+            run.busy += time.perf_counter() - t0
+            run.updates += 1
+            run.row = start_row + global_batch
             identical_everywhere(world, model.module)
-        losses.append(world.allreduce(epoch_loss / n) / size)
+            kill_if_asked(args, rank, run.updates)
+            if ckpt and run.updates % args.checkpoint_every == 0:
+                run.save(ckpt, world, sent(), **state)
+        run.losses.append(world.allreduce(run.epoch_loss / run.n) / size)
+        run.row, run.epoch_loss, run.n = 0, 0.0, 0.0
+    run.epoch = args.epochs
+    if ckpt:
+        run.save(ckpt, world, sent(), **state)  # the end: a later launch only reports
     with torch.no_grad():
         acc = (model.module(xte).argmax(1) == yte).float().mean().item()
-    sent = comm.stats()["bytes_sent"] if comm else None
+    params = torch.cat([q.detach().reshape(-1) for q in model.module.parameters()])
     return {
         "name": name,
         "acc": acc,
-        "updates": updates,
-        "per_update": sent / updates if comm else None,
-        "per_backward": sent / backwards if comm else None,
-        "ms": world.allreduce(busy, op=_max()) / updates * 1e3,
-        "losses": losses,
-        "params": torch.cat([q.detach().reshape(-1) for q in model.module.parameters()]),
+        "updates": run.updates,
+        "per_update": sent() / run.updates if comm else None,
+        "per_backward": sent() / run.backwards if comm else None,
+        "ms": world.allreduce(run.busy, op=_max()) / run.updates * 1e3,
+        "losses": run.losses,
+        "params": params,
+        "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
     }
 
 
@@ -182,18 +263,21 @@ def main():
         f"{args.epochs} epochs, batch {args.batch}/rank, Adam lr {args.lr}, seed {args.seed}",
         flush=True,
     )
+    ready = world.allreduce(time.monotonic() - STARTED, op=_max())
+    say(f"# ready after {ready:.1f} s (imports, MPI, process groups, data)", flush=True)
     results = []
     for name in wanted:
         say(f"# training {name} ...", flush=True)
         results.append(train(name, args, world, groups, data))
     gloo = next((r["params"] for r in results if r["name"] == "gloo"), None)
     head = ("config", "test acc", "updates", "bytes/update", "bytes/backward", "ms/update", "max|w-w_gloo|")
-    say("\n{:<13} {:>8} {:>7} {:>13} {:>15} {:>9} {:>14}".format(*head))
+    head += ("params sha1",)
+    say("\n{:<13} {:>8} {:>7} {:>13} {:>15} {:>9} {:>14} {:>12}".format(*head))
     for r in results:
         dist_to_gloo = "n/a" if gloo is None else f"{(r['params'] - gloo).abs().max().item():.2e}"
         say(
             f"{r['name']:<13} {r['acc']:>8.2%} {r['updates']:>7} {fmt_bytes(r['per_update']):>13} "
-            f"{fmt_bytes(r['per_backward']):>15} {r['ms']:>9.2f} {dist_to_gloo:>14}"
+            f"{fmt_bytes(r['per_backward']):>15} {r['ms']:>9.2f} {dist_to_gloo:>14} {r['digest']:>12}"
         )
     if world.rank == 0 and results:
         plot(results, args.png, f"digits, DDP on {world.size} ranks")

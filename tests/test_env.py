@@ -29,6 +29,8 @@ def _python(code: str, **env: str):
         ("ZCOLL_SIMD", "SCALAR", "scalar"),
         ("ZCOLL_WAIT", "yield", "yield"),
         ("ZCOLL_SHM_BYTES", "8M", "8388608"),
+        ("ZCOLL_RESTART", "2", "2"),
+        ("ZCOLL_CHECKPOINT_DIR", "/tmp/Run 1", "/tmp/Run 1"),  # text: kept as given
     ],
 )
 def test_values_are_normalised(name, value, expected):
@@ -46,6 +48,7 @@ def test_values_are_normalised(name, value, expected):
         ("ZCOLL_PIPELINE_DEPTH", "4.5"),
         ("ZCOLL_SIMD", "sse"),
         ("ZCOLL_WAIT", ""),
+        ("ZCOLL_RESTART", "-1"),
     ],
 )
 def test_bad_value_names_the_variable_and_valid_values(name, value):
@@ -64,6 +67,14 @@ def test_bad_environment_fails_at_first_use_not_silently():
     assert rc != 0 and "ZCOLL_SIMD='sse9' is not valid" in out, out
     rc, out = _python("import zcoll; print(zcoll.Communicator().wait_policy)", ZCOLL_WAIT="busy")
     assert rc != 0 and "ZCOLL_WAIT='busy'" in out, out
+
+
+def test_text_variable_reads_back_as_given():
+    code = "import zcoll; print(repr(zcoll._C.env_get('ZCOLL_CHECKPOINT_DIR')))"
+    rc, out = _python(code, ZCOLL_CHECKPOINT_DIR="/tmp/ckpt dir")
+    assert rc == 0 and out.strip() == "'/tmp/ckpt dir'", out
+    rc, out = _python(code)
+    assert rc == 0 and out.strip() == "''", out
 
 
 def test_explicit_argument_beats_environment():

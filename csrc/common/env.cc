@@ -36,6 +36,10 @@ constexpr Spec kSpecs[] = {
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
+    {Var::kRestart, "ZCOLL_RESTART", Kind::kInt, "0", "", 0, 1000000,
+     "set by `zcoll run`: 0 on the first launch, k on the k-th restart"},
+    {Var::kCheckpointDir, "ZCOLL_CHECKPOINT_DIR", Kind::kText, "", "", 0, 0,
+     "set by `zcoll run --checkpoint-dir`: where the job saves checkpoints and resumes from"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
@@ -58,6 +62,8 @@ std::string valid_text(const Spec& s) {
       return detail::concat("an integer from ", s.min, " to ", s.max);
     case Kind::kBytes:
       return detail::concat("a byte count from ", s.min, " to ", s.max, " (suffixes K, M, G)");
+    case Kind::kText:
+      return "any text";
     case Kind::kChoice:
       break;
   }
@@ -107,6 +113,8 @@ std::string normalise(const Spec& s, const std::string& value) {
     case Kind::kInt:
     case Kind::kBytes:
       return std::to_string(parse_integer(s, value));
+    case Kind::kText:
+      return value;
     case Kind::kChoice:
       break;
   }
@@ -135,7 +143,7 @@ const Value& value(Var var) {
       const char* raw = std::getenv(s.name);
       v.from_env = raw != nullptr && raw[0] != '\0';
       v.text = normalise(s, v.from_env ? raw : s.default_value);
-      if (s.kind != Kind::kChoice) v.number = std::stoll(v.text);
+      if (s.kind != Kind::kChoice && s.kind != Kind::kText) v.number = std::stoll(v.text);
     }
     std::copy(std::begin(parsed), std::end(parsed), std::begin(values));
     ready = true;
@@ -161,6 +169,11 @@ long long get_int(Var var) {
 
 const std::string& get_choice(Var var) {
   require_kind(var, spec(var).kind == Kind::kChoice);
+  return value(var).text;
+}
+
+const std::string& get_text(Var var) {
+  require_kind(var, spec(var).kind == Kind::kText);
   return value(var).text;
 }
 

@@ -1,8 +1,11 @@
-"""The `zcoll` command: information about this installation (more subcommands follow)."""
+"""The `zcoll` command: `zcoll info` (this installation), `zcoll run` (restart a job from its last
+checkpoint: zcoll/launcher.py)."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from . import launcher
 
 
 def _info(_args: argparse.Namespace) -> int:
@@ -26,6 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
     p.set_defaults(func=_info)
+    p = sub.add_parser(
+        "run",
+        help="run an MPI job, restarting it from its last checkpoint when it fails",
+        description=launcher.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    launcher.add_arguments(p)
+    p.set_defaults(func=launcher.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

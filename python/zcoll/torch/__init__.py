@@ -12,7 +12,7 @@ process group). Under mpirun no MASTER_ADDR is needed::
     opt = zcoll.torch.optim.Adam(model.parameters(), lr=1e-3, gradient_accumulation_steps=4, model=model)
 
 Modules: ``backend`` (the process group), ``hooks`` (DDP communication hooks), ``accumulate`` and
-``optim`` (gradient accumulation).
+``optim`` (gradient accumulation), ``checkpoint`` (save and resume bit-exactly, for ``zcoll run``).
 """
 
 try:
@@ -20,7 +20,7 @@ try:
 except ImportError as e:  # pragma: no cover - torch is a declared extra
     raise ImportError("zcoll.torch needs PyTorch: pip install 'zcoll[torch]'") from e
 
-from . import _launch, backend, hooks, optim
+from . import _launch, backend, checkpoint, hooks, optim
 from ._launch import ProcessLocalStore, init_gloo_beside_zcoll, init_process_group
 from ._work import ZcollWork
 from .accumulate import GradientAccumulator
@@ -39,6 +39,7 @@ __all__ = [
     "ZcollWork",
     "allreduce_hook",
     "apply_gradient_compression",
+    "checkpoint",
     "compression_hook",
     "hooks",
     "init_process_group",

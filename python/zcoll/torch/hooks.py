@@ -84,6 +84,21 @@ class CompressionState:
         self.keys[bucket.index()] = key
         return key
 
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's state, for checkpoints: the step counter (warm-up) and the compressor's
+        error-feedback residuals (``Compressor.state_dict()``; None without a compressor)."""
+        return {"step": self.step, "compressor": self.compressor.state_dict() if self.compressor else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if (self.compressor is None) != (state["compressor"] is None):
+            raise ValueError(
+                f"{self!r}: the saved state was made {'without' if state['compressor'] is None else 'with'} "
+                "a compressor; load it into a CompressionState of the same kind"
+            )
+        self.step = int(state["step"])
+        if self.compressor is not None:
+            self.compressor.load_state_dict(state["compressor"])
+
     def __repr__(self) -> str:
         return (
             f"CompressionState(compressor={self.compressor!r}, step={self.step}, "
