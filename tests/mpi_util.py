@@ -28,8 +28,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import pytest
 from perf_table import split_ranks  # bench/, on sys.path through conftest.py
+from proc import Finished, run_tree
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -46,11 +45,6 @@ MAX_SHOWN = 20000  # characters of output shown in a failure message
 JOB_DEFAULTS = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "OMP_NUM_THREADS": "1"}
 # Launcher variables a developer's shell may hold; a test that wants them passes them explicitly.
 DROPPED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
-
-
-class Finished(NamedTuple):
-    returncode: int
-    output: str  # stdout and stderr, interleaved as written
 
 
 def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
@@ -65,60 +59,13 @@ def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
     return env
 
 
-def _descendants(pid: int) -> list:
-    """Every process below pid, found through /proc (hydra's proxies call setsid)."""
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    pids = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def tail(out: str) -> str:
     return out if len(out) <= MAX_SHOWN else "...\n" + out[-MAX_SHOWN:]
 
 
 def _start(cmd: list, env, timeout: float, cwd) -> tuple:
-    """(Finished, timed_out). On timeout the whole tree is killed first."""
-    proc = subprocess.Popen(
-        [str(c) for c in cmd],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        env=job_env(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return Finished(proc.returncode, out), False
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc)
-        out, _ = proc.communicate()
-        return Finished(proc.returncode, out), True
+    """(Finished, timed_out). On timeout the whole tree is killed first (bench/proc.py)."""
+    return run_tree(cmd, job_env(env), timeout, cwd)
 
 
 def run(cmd: list, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT, cwd=None) -> Finished:

@@ -36,6 +36,9 @@ constexpr Spec kSpecs[] = {
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
+    {Var::kNodeId, "ZCOLL_NODE_ID", Kind::kString, "", "", 0, 255,
+     "this rank's node: ranks on one machine with equal values share a node (shared memory) instead "
+     "of MPI's grouping; emulates a cluster on one machine, like NCCL_HOSTID (unset: MPI decides)"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
@@ -58,6 +61,8 @@ std::string valid_text(const Spec& s) {
       return detail::concat("an integer from ", s.min, " to ", s.max);
     case Kind::kBytes:
       return detail::concat("a byte count from ", s.min, " to ", s.max, " (suffixes K, M, G)");
+    case Kind::kString:
+      return detail::concat("any text of at most ", s.max, " characters (empty: unset)");
     case Kind::kChoice:
       break;
   }
@@ -107,6 +112,9 @@ std::string normalise(const Spec& s, const std::string& value) {
     case Kind::kInt:
     case Kind::kBytes:
       return std::to_string(parse_integer(s, value));
+    case Kind::kString:
+      if (value.size() > static_cast<std::size_t>(s.max)) bad(s, value);
+      return value;
     case Kind::kChoice:
       break;
   }
@@ -135,7 +143,7 @@ const Value& value(Var var) {
       const char* raw = std::getenv(s.name);
       v.from_env = raw != nullptr && raw[0] != '\0';
       v.text = normalise(s, v.from_env ? raw : s.default_value);
-      if (s.kind != Kind::kChoice) v.number = std::stoll(v.text);
+      if (s.kind != Kind::kChoice && s.kind != Kind::kString) v.number = std::stoll(v.text);
     }
     std::copy(std::begin(parsed), std::end(parsed), std::begin(values));
     ready = true;
@@ -161,6 +169,11 @@ long long get_int(Var var) {
 
 const std::string& get_choice(Var var) {
   require_kind(var, spec(var).kind == Kind::kChoice);
+  return value(var).text;
+}
+
+const std::string& get_string(Var var) {
+  require_kind(var, spec(var).kind == Kind::kString);
   return value(var).text;
 }
 

@@ -22,6 +22,7 @@ enum class Var : int {
   kWait,           // ZCOLL_WAIT           choice   how ranks wait
   kShm,            // ZCOLL_SHM            bool     allow the shared-memory path
   kShmBytes,       // ZCOLL_SHM_BYTES      bytes    shared memory per rank
+  kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)
   kCount
 };
 
@@ -30,6 +31,7 @@ enum class Var : int {
 bool get_bool(Var var);
 long long get_int(Var var);
 const std::string& get_choice(Var var);
+const std::string& get_string(Var var);  // "" when unset
 
 struct Setting {
   std::string name;     // ZCOLL_...
@@ -44,7 +46,7 @@ std::vector<Setting> settings();
 // The variable called `name` (ZCOLL_...); std::invalid_argument listing the known ones.
 Var find(const std::string& name);
 const char* name_of(Var var);
-enum class Kind : int { kBool, kInt, kBytes, kChoice };
+enum class Kind : int { kBool, kInt, kBytes, kChoice, kString };
 Kind kind_of(Var var);
 
 // Parses a value as the variable would (for tests and for Python-side variables).
