@@ -66,6 +66,10 @@ from proc import Finished, kill_tree, run_tree  # noqa: E402
 UNSHAPED = "100gbit"  # the rate of a link without one: above anything a veth carries here
 SUBNET = "10.77.0"  # each test bed is its own layer-2 island, so they can all use it
 IFACE = "eth0"  # the node's interface, in every node namespace
+# Socket buffers of 4 MiB from the start (16-32 MiB at most) in every node, as on tuned cluster
+# hosts: 30 ms at 1 Gbit/s, so a rank that loses its core for a while on a busy machine (all
+# nodes share its cores) does not stall the link it is measuring.
+TCP_BUFFERS = {"net.ipv4.tcp_wmem": "4096 4194304 16777216", "net.ipv4.tcp_rmem": "4096 4194304 33554432"}
 MPI_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": IFACE}
 _NAME = re.compile(r"^zctb(\d+)-(\d+)(sw|n\d+)$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
@@ -176,7 +180,6 @@ class Testbed:
             self.rates[(i, j)] = rate
         self.prefix = f"zctb{os.getpid()}-{next(_serial)}"
         self.created: List[str] = []
-        self.mpirun = str(Path(sys.executable).parent / "mpirun")
 
     # -- names ---------------------------------------------------------------------------------
     @property
@@ -247,6 +250,8 @@ class Testbed:
         _must("ip", "-n", self.switch, "link", "set", port, "master", "br0", "up")
         _must("ip", "-n", ns, "addr", "add", f"{self.ip(k)}/24", "dev", IFACE)
         _must("ip", "-n", ns, "link", "set", IFACE, "up")
+        for key, value in TCP_BUFFERS.items():
+            _must("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}")
         # htb: class 1:1 (unshaped) for what no filter matches (ARP), one class per destination.
         _must("tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", "handle", "1:", "htb", "default", "1")
         _must("tc", "-n", ns, "class", "add", "dev", IFACE, "parent", "1:", "classid", "1:1", "htb",
@@ -267,8 +272,11 @@ class Testbed:
     @staticmethod
     def _rate_args(rate: Optional[str]) -> List[str]:
         r = rate or UNSHAPED
-        # quantum: bytes a class sends per round; explicit, or htb warns that rate/r2q is too big.
-        return ["rate", r, "ceil", r, "quantum", "60000"]
+        # burst: 1 ms at the rate (at least 64 KiB), so a late qdisc timer on a busy machine is
+        # made up for instead of lost (htb's default is about one packet); it biases a rate
+        # measured over 50 ms by under 2%. quantum: explicit, or htb warns rate/r2q is too big.
+        burst = max(64 << 10, int(parse_rate(r) / 8 * 0.001))
+        return ["rate", r, "ceil", r, "burst", str(burst), "cburst", str(burst), "quantum", "60000"]
 
     def close(self) -> None:
         """Deletes every namespace this test bed made (their veths and the bridge go with them).
@@ -339,7 +347,7 @@ class Testbed:
             if not 0 <= node < self.node_count:
                 raise ValueError(f"placement names node {node}; the test bed has {self.node_count}")
         used = sorted(set(placement))
-        cmd = [self.mpirun, "-launcher", "fork", "-hosts", ",".join(node_label(k) for k in used),
+        cmd = [_find_mpirun(), "-launcher", "fork", "-hosts", ",".join(node_label(k) for k in used),
                "-rankmap", ",".join(str(used.index(k)) for k in placement), *mpirun_flags]
         tcp = {**MPI_TCP, "MPIR_CVAR_NOLOCAL": "1"} if self.intra == "tcp" else MPI_TCP
         for key, value in {**tcp, **(env or {})}.items():
@@ -375,6 +383,15 @@ class Testbed:
             raise TimeoutError(f"timed out after {timeout} s (all processes killed): "
                                f"{' '.join(cmd)}\n{finished.output[-5000:]}")
         return finished
+
+
+def _find_mpirun() -> str:
+    """This Python's mpirun (the venv's MPICH), else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if not found:
+        raise Refused(f"no mpirun beside {sys.executable} or on PATH; run with the venv's python")
+    return found
 
 
 def _job_env() -> Dict[str, str]:

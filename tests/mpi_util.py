@@ -31,7 +31,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import pytest
 from perf_table import split_ranks  # bench/, on sys.path through conftest.py
@@ -138,8 +138,10 @@ def case_names(script: str) -> List[str]:
 class ScriptJob:
     """One launch of a protocol script; check(case) answers per case. Made by script_job()."""
 
-    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float):
+    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float,
+                 launcher: Optional[Callable[[list], list]] = None):
         self.script, self.ranks, self.args, self.env, self.timeout = script, ranks, args, env, timeout
+        self.launcher = launcher or (lambda argv: mpirun_argv(ranks, *argv))
         self.finished: Optional[Finished] = None
         self.timed_out = False
         self.seconds = 0.0
@@ -152,7 +154,7 @@ class ScriptJob:
         if self.finished is None:
             start = time.monotonic()
             argv = [sys.executable, "-m", "mpi4py", TESTS_DIR / self.script, *self.args]
-            cmd = mpirun_argv(self.ranks, *argv)
+            cmd = self.launcher(argv)
             self.finished, self.timed_out = _start(cmd, self.env, self.timeout, None)
             self.seconds = time.monotonic() - start
             self.cases = parse_cases(self.finished.output)
@@ -208,9 +210,12 @@ def protocol_totals() -> tuple:
     return len(launched), len(reports), sum(r.checks for r in reports)
 
 
-def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240) -> ScriptJob:
-    """The launch of tests/<script> with these ranks, args and env, made once per test session."""
-    key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())))
+def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240,
+               launcher: Optional[Callable[[list], list]] = None) -> ScriptJob:
+    """The launch of tests/<script> with these ranks, args and env, made once per test session.
+    launcher(argv) -> command: how to start the ranks (default `mpirun -n ranks -prepend-rank`;
+    e.g. an MPMD command with per-rank settings, or bench/testbed.py's namespaces)."""
+    key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())), launcher)
     if key not in _JOBS:
-        _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout)
+        _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout, launcher)
     return _JOBS[key]

@@ -1,4 +1,4 @@
-"""The `zcoll` command: information about this installation (more subcommands follow)."""
+"""The `zcoll` command: `info` (this installation), `probe` (the network between the ranks)."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
     p.set_defaults(func=_info)
+    from . import probe
+
+    p = sub.add_parser(
+        "probe",
+        help="measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement",
+        description=probe.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    probe.add_arguments(p)
+    p.set_defaults(func=probe.main)
     args = parser.parse_args(argv)
     return args.func(args)
 
