@@ -29,6 +29,7 @@ def _python(code: str, **env: str):
         ("ZCOLL_SIMD", "SCALAR", "scalar"),
         ("ZCOLL_WAIT", "yield", "yield"),
         ("ZCOLL_SHM_BYTES", "8M", "8388608"),
+        ("ZCOLL_NODE_ID", "Rack1/node-03", "Rack1/node-03"),  # text, kept as given
     ],
 )
 def test_values_are_normalised(name, value, expected):
@@ -46,6 +47,7 @@ def test_values_are_normalised(name, value, expected):
         ("ZCOLL_PIPELINE_DEPTH", "4.5"),
         ("ZCOLL_SIMD", "sse"),
         ("ZCOLL_WAIT", ""),
+        ("ZCOLL_NODE_ID", "n" * 256),
     ],
 )
 def test_bad_value_names_the_variable_and_valid_values(name, value):

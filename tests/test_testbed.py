@@ -56,7 +56,7 @@ def run_probe(tb, out: Path, *flags, placement=None):
 
 def test_probe_finds_nodes_rates_and_the_slow_link(allowed, tmp_path):
     with testbed.Testbed([2, 2], inter="1gbit", links={(1, 0): "250mbit"}) as tb:
-        r, text = run_probe(tb, tmp_path / "probe", "--budget", "0.4")
+        r, text = run_probe(tb, tmp_path / "probe", "--budget", "0.6")
         sent = tb.link_bytes()
     assert r.nodes == [[0, 1], [2, 3]] and r.hosts == ["node0", "node0", "node1", "node1"], text
     for i, j in itertools.permutations(range(4), 2):
@@ -200,7 +200,8 @@ def test_command_line_runs_in_a_node_and_cleans_up(allowed):
 
 
 def test_command_line_runs_mpi_across_nodes(allowed):
-    code = "from mpi4py import MPI; import os; print('rank', MPI.COMM_WORLD.rank, os.environ['ZCOLL_NODE_ID'])"
+    code = ("from mpi4py import MPI; import os, sys; "  # one write per line: ranks' output interleaves
+            "sys.stdout.write(f\"rank {MPI.COMM_WORLD.rank} {os.environ['ZCOLL_NODE_ID']}\\n\")")
     rc, out = run([sys.executable, TESTBED, "--nodes", "1,2", "--slow", "1:0:100mbit", "--", sys.executable, "-c",
                    code], timeout=120)
     assert rc == 0, out
