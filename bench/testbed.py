@@ -25,7 +25,8 @@ and hydra is told the nodes are separate hosts (fork launcher: every proxy runs 
 So MPICH, like on a real cluster, uses shared memory between ranks of one node and TCP through
 the node's eth0 (FI_TCP_IFACE) between nodes; MPI_Comm_split_type(SHARED) finds the nodes. With
 intra="tcp" (MPIR_CVAR_NOLOCAL=1) even ranks of one node talk over TCP (their loopback); MPI then
-sees every rank alone, and ZCOLL_NODE_ID=node<k> still tells zcoll which ranks form a node.
+sees every rank alone and shares no memory (so ZCOLL_SHM=0 too), and ZCOLL_NODE_ID=node<k> still
+tells zcoll which ranks form a node.
 
 Python:
 
@@ -349,7 +350,8 @@ class Testbed:
         used = sorted(set(placement))
         cmd = [_find_mpirun(), "-launcher", "fork", "-hosts", ",".join(node_label(k) for k in used),
                "-rankmap", ",".join(str(used.index(k)) for k in placement), *mpirun_flags]
-        tcp = {**MPI_TCP, "MPIR_CVAR_NOLOCAL": "1"} if self.intra == "tcp" else MPI_TCP
+        # intra="tcp": MPI shares no memory between ranks, so neither may zcoll (ZCOLL_SHM=0)
+        tcp = {**MPI_TCP, "MPIR_CVAR_NOLOCAL": "1", "ZCOLL_SHM": "0"} if self.intra == "tcp" else MPI_TCP
         for key, value in {**tcp, **(env or {})}.items():
             cmd += ["-genv", key, str(value)]
         segments = [(node, len(list(run))) for node, run in itertools.groupby(placement)]

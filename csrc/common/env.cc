@@ -31,7 +31,7 @@ constexpr Spec kSpecs[] = {
     {Var::kSimd, "ZCOLL_SIMD", Kind::kChoice, "auto", "auto|scalar|avx2|avx512", 0, 0,
      "cap the kernels' instruction set (auto: the best the CPU has)"},
     {Var::kWait, "ZCOLL_WAIT", Kind::kChoice, "auto", "auto|spin|yield", 0, 0,
-     "how a waiting rank polls: auto yields the core when a node's ranks outnumber its cores"},
+     "how a waiting rank polls: auto yields the core when a machine's ranks outnumber its cores"},
     {Var::kShm, "ZCOLL_SHM", Kind::kBool, "1", "", 0, 0,
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,

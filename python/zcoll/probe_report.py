@@ -166,10 +166,10 @@ def heatmap_png(r: ProbeResult) -> bytes:
     from matplotlib.colors import LogNorm
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-    panels = ((axes[0], r.bandwidth / 1e6, "bandwidth MB/s (row -> column)", "viridis"),
-              (axes[1], r.latency * 1e6, "latency us (one way, min)", "magma_r"))
-    hot = {pair for h in (r.hotspots or []) for pair in h.pairs}
-    for ax, m, title, cmap in panels:
+    panels = ((axes[0], r.bandwidth / 1e6, "bandwidth MB/s (row -> column)", "viridis", "bandwidth"),
+              (axes[1], r.latency * 1e6, "latency us (one way, min)", "magma_r", "latency"))
+    for ax, m, title, cmap, what in panels:
+        hot = {pair for h in r.hotspots if h.what == what for pair in h.pairs}
         shown = np.ma.masked_invalid(np.where(m > 0, m, np.nan))
         finite = shown.compressed()
         norm = LogNorm(vmin=finite.min(), vmax=max(finite.max(), finite.min() * 1.01)) if finite.size else None
@@ -190,8 +190,11 @@ def heatmap_png(r: ProbeResult) -> bytes:
             ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2.5))
         if r.size <= 16:
             for i, j in itertools.permutations(range(r.size), 2):
-                if np.isfinite(m[i, j]):
-                    ax.text(j, i, f"{m[i, j]:.0f}", ha="center", va="center", fontsize=7, color="white")
+                if np.isfinite(m[i, j]) and m[i, j] > 0:
+                    red, green, blue, _ = im.cmap(im.norm(m[i, j]))
+                    light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5
+                    ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                            color="black" if light else "white")
     fig.suptitle(f"zcoll probe: {r.size} ranks, {len(r.nodes)} nodes (hotspots outlined red)")
     fig.tight_layout()
     buf = io.BytesIO()
