@@ -472,6 +472,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Refused as e:
         print(f"testbed.py: {e}", file=sys.stderr)
         return 3
+    except ValueError as e:  # a bad placement file or link
+        print(f"testbed.py: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except subprocess.TimeoutExpired:

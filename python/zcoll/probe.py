@@ -296,7 +296,7 @@ def measure(comm=None, options: Optional[Options] = None, progress: Optional[Cal
             **rules) -> ProbeResult:
     """Measures every directed pair (collective over the mpi4py communicator `comm`, default
     COMM_WORLD) and analyses it (rules: see ProbeResult.analyse). Every rank gets the result.
-    progress(line) is called on rank 0 as steps finish."""
+    progress(line) is called on rank 0 as each step starts."""
     from mpi4py import MPI
 
     from . import _C
