@@ -28,15 +28,14 @@ from __future__ import annotations
 import ast
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import pytest
 from perf_table import split_ranks  # bench/, on sys.path through conftest.py
+from proc import Finished, run_tree
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -46,11 +45,6 @@ MAX_SHOWN = 20000  # characters of output shown in a failure message
 JOB_DEFAULTS = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "OMP_NUM_THREADS": "1"}
 # Launcher variables a developer's shell may hold; a test that wants them passes them explicitly.
 DROPPED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
-
-
-class Finished(NamedTuple):
-    returncode: int
-    output: str  # stdout and stderr, interleaved as written
 
 
 def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
@@ -65,60 +59,13 @@ def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
     return env
 
 
-def _descendants(pid: int) -> list:
-    """Every process below pid, found through /proc (hydra's proxies call setsid)."""
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    pids = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def tail(out: str) -> str:
     return out if len(out) <= MAX_SHOWN else "...\n" + out[-MAX_SHOWN:]
 
 
 def _start(cmd: list, env, timeout: float, cwd) -> tuple:
-    """(Finished, timed_out). On timeout the whole tree is killed first."""
-    proc = subprocess.Popen(
-        [str(c) for c in cmd],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        env=job_env(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return Finished(proc.returncode, out), False
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc)
-        out, _ = proc.communicate()
-        return Finished(proc.returncode, out), True
+    """(Finished, timed_out). On timeout the whole tree is killed first (bench/proc.py)."""
+    return run_tree(cmd, job_env(env), timeout, cwd)
 
 
 def run(cmd: list, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT, cwd=None) -> Finished:
@@ -191,8 +138,10 @@ def case_names(script: str) -> List[str]:
 class ScriptJob:
     """One launch of a protocol script; check(case) answers per case. Made by script_job()."""
 
-    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float):
+    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float,
+                 launcher: Optional[Callable[[list], list]] = None):
         self.script, self.ranks, self.args, self.env, self.timeout = script, ranks, args, env, timeout
+        self.launcher = launcher or (lambda argv: mpirun_argv(ranks, *argv))
         self.finished: Optional[Finished] = None
         self.timed_out = False
         self.seconds = 0.0
@@ -205,7 +154,7 @@ class ScriptJob:
         if self.finished is None:
             start = time.monotonic()
             argv = [sys.executable, "-m", "mpi4py", TESTS_DIR / self.script, *self.args]
-            cmd = mpirun_argv(self.ranks, *argv)
+            cmd = self.launcher(argv)
             self.finished, self.timed_out = _start(cmd, self.env, self.timeout, None)
             self.seconds = time.monotonic() - start
             self.cases = parse_cases(self.finished.output)
@@ -261,9 +210,12 @@ def protocol_totals() -> tuple:
     return len(launched), len(reports), sum(r.checks for r in reports)
 
 
-def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240) -> ScriptJob:
-    """The launch of tests/<script> with these ranks, args and env, made once per test session."""
-    key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())))
+def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240,
+               launcher: Optional[Callable[[list], list]] = None) -> ScriptJob:
+    """The launch of tests/<script> with these ranks, args and env, made once per test session.
+    launcher(argv) -> command: how to start the ranks (default `mpirun -n ranks -prepend-rank`;
+    e.g. an MPMD command with per-rank settings, or bench/testbed.py's namespaces)."""
+    key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())), launcher)
     if key not in _JOBS:
-        _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout)
+        _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout, launcher)
     return _JOBS[key]

@@ -31,6 +31,7 @@ def _python(code: str, **env: str):
         ("ZCOLL_SHM_BYTES", "8M", "8388608"),
         ("ZCOLL_RESTART", "2", "2"),
         ("ZCOLL_CHECKPOINT_DIR", "/tmp/Run 1", "/tmp/Run 1"),  # text: kept as given
+        ("ZCOLL_NODE_ID", "Rack1/node-03", "Rack1/node-03"),  # text, kept as given
     ],
 )
 def test_values_are_normalised(name, value, expected):
@@ -49,6 +50,7 @@ def test_values_are_normalised(name, value, expected):
         ("ZCOLL_SIMD", "sse"),
         ("ZCOLL_WAIT", ""),
         ("ZCOLL_RESTART", "-1"),
+        ("ZCOLL_NODE_ID", "n" * 256),
     ],
 )
 def test_bad_value_names_the_variable_and_valid_values(name, value):

@@ -5,6 +5,7 @@
 // communicator, since collection happens in a different order on every rank. Python's atexit
 // handler (communicator.py) frees the live ones before MPI_Finalize.
 #include <mpi.h>
+#include <pybind11/stl.h>
 
 #include "bindings.h"
 #include "bindings/enums.h"
@@ -43,7 +44,15 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           py::arg("fortran_handle"), py::arg("check") = false)
       .def_property_readonly("rank", [](CommHandle& c) { return c.comm().rank(); })
       .def_property_readonly("size", [](CommHandle& c) { return c.comm().size(); })
-      .def_property_readonly("local_size", [](CommHandle& c) { return c.comm().local_size(); })
+      .def_property_readonly(
+          "local_size", [](CommHandle& c) { return c.comm().local_ranks().size(); },
+          "Ranks on this rank's node (shared memory; ZCOLL_NODE_ID splits one machine into nodes).")
+      .def_property_readonly("node_count", [](CommHandle& c) { return c.comm().node_count(); },
+                             "Nodes the ranks are on.")
+      .def("node_of", [](CommHandle& c, int rank) { return c.comm().node_of(rank); }, py::arg("rank"),
+           "The node of `rank`, 0..node_count-1, numbered in order of each node's lowest rank.")
+      .def_property_readonly("local_ranks", [](CommHandle& c) { return c.comm().local_ranks(); },
+                             "The ranks on this rank's node, ascending.")
       .def_property_readonly("freed", &CommHandle::freed)
       .def_property_readonly(
           "wait_policy",

@@ -1,6 +1,9 @@
 #include "comm/communicator.h"
 
+#include <map>
 #include <stdexcept>
+
+#include "common/check.h"
 
 namespace zcoll {
 
@@ -16,6 +19,30 @@ void* Communicator::scratch(std::size_t bytes, Scratch purpose) {
     buf.resize(bytes);
   }
   return buf.data();
+}
+
+int Communicator::node_of(int rank) const {
+  ZCOLL_REQUIRE(rank >= 0 && rank < size(), "node_of: rank ", rank, " is not in 0..", size() - 1);
+  return node_of_.empty() ? 0 : node_of_[rank];
+}
+
+std::vector<int> Communicator::local_ranks() const {
+  std::vector<int> out;
+  const int mine = node_of(rank());
+  for (int r = 0; r < size(); ++r)
+    if (node_of(r) == mine) out.push_back(r);
+  return out;
+}
+
+void Communicator::set_nodes(const std::vector<int>& labels) {
+  ZCOLL_CHECK_EQ(labels.size(), static_cast<std::size_t>(size()), "one node label per rank");
+  std::map<int, int> number;  // label -> node, in order of first appearance
+  node_of_.clear();
+  for (int label : labels) {
+    const int next = static_cast<int>(number.size());
+    node_of_.push_back(number.emplace(label, next).first->second);
+  }
+  node_count_ = static_cast<int>(number.size());
 }
 
 }  // namespace zcoll

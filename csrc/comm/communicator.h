@@ -70,16 +70,29 @@ class Communicator {
   virtual bool has_shared_arena() const { return false; }
   virtual SharedArena* shared_arena() { return nullptr; }
 
+  // Which ranks share a node (memory, and so the shm path): node_of(r) is in 0..node_count()-1,
+  // nodes numbered in the order of their lowest rank, the same answer on every rank. The
+  // transport decides (MPI: its shared-memory split, refined by ZCOLL_NODE_ID); until it says
+  // otherwise every rank is on node 0. Hierarchical schedules and `zcoll probe` read this.
+  int node_of(int rank) const;
+  int node_count() const { return node_count_; }
+  std::vector<int> local_ranks() const;  // the ranks of this rank's node, ascending
+
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, Scratch purpose);
 
   CommStats& stats() { return stats_; }
 
  protected:
+  // Sets node_of() from any labels, one per rank (equal label: same node); renumbers them.
+  void set_nodes(const std::vector<int>& labels);
+
   CommStats stats_;
 
  private:
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];
+  std::vector<int> node_of_;  // empty: one node
+  int node_count_ = 1;
 };
 
 }  // namespace zcoll

@@ -93,7 +93,7 @@ int InProcCommunicator::size() const { return group_.size(); }
 
 bool InProcCommunicator::oversubscribed() const { return group_.size() > group_.cpus(); }
 
-bool InProcCommunicator::has_shared_arena() const { return group_.options().shared_arena; }
+bool InProcCommunicator::has_shared_arena() const { return group_.options().shared_arena && node_count() == 1; }
 
 Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int peer, int tag) {
   ZCOLL_REQUIRE(peer >= 0 && peer < size(), "peer ", peer, " out of range for ", size(), " ranks");
@@ -243,6 +243,11 @@ InProcGroup::InProcGroup(int size, const InProcOptions& options) : options_(opti
   arena_regions_.assign(static_cast<std::size_t>(size), nullptr);
   for (int r = 0; r < size; ++r) mailboxes_.push_back(std::make_unique<InProcMailbox>());
   for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<InProcCommunicator>(*this, r));
+  if (!options.nodes.empty()) {
+    ZCOLL_REQUIRE(options.nodes.size() == static_cast<std::size_t>(size), "InProcOptions::nodes has ",
+                  options.nodes.size(), " labels for ", size, " ranks");
+    for (auto& c : comms_) c->set_nodes(options.nodes);
+  }
 }
 
 InProcGroup::~InProcGroup() {

@@ -72,6 +72,8 @@ struct InProcOptions {
   std::size_t shared_arena_bytes = 0;  // data bytes per rank; 0: ZCOLL_SHM_BYTES
   int cpus = 0;                        // CPUs for oversubscribed(); 0: this process's affinity mask
   double stall_seconds = 60.0;         // run_ranks: abort when no request moved for this long
+  std::vector<int> nodes;              // a node label per rank (node_of); empty: one node. The
+                                       // shm path needs one node, as over MPI.
 };
 
 class InProcGroup;
@@ -101,6 +103,7 @@ class InProcCommunicator final : public Communicator {
   std::string waiting_for() const;
 
  private:
+  friend class InProcGroup;  // sets the node map once every rank exists
   using Op = detail::InProcOp;
   Request post(bool is_send, void* buf, std::size_t bytes, int peer, int tag);
   Op& find(const Request& request);

@@ -3,12 +3,15 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "comm/backoff.h"
 #include "common/check.h"
@@ -40,6 +43,63 @@ int cpus_available(int local_ranks) {
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return online;
   const int mine = CPU_COUNT(&set);
   return mine * local_ranks <= online ? online : mine;
+}
+
+// This kernel's boot id: equal for every process on one machine (namespaces and containers
+// included), different across machines. The host name where /proc does not say.
+std::string machine_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in >> id && !id.empty()) return id;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Where each rank lives, from one allgather: its machine, MPI's shared-memory group (named by its
+// lowest rank) and ZCOLL_NODE_ID.
+struct Placement {
+  std::vector<int> node_labels;  // equal for ranks on one node
+  int machine_ranks = 1;         // ranks on this rank's machine
+};
+
+// Ranks share a node when they are on one machine and have equal ZCOLL_NODE_IDs; ranks without
+// one (the usual case) group as MPI_Comm_split_type(SHARED) does. Collective over comm.
+Placement locate_ranks(MPI_Comm comm, int rank, int mpi_node) {
+  constexpr std::size_t kText = 256;  // ZCOLL_NODE_ID holds at most 255 characters (env.cc)
+  struct Key {
+    int mpi_node;
+    char machine[kText];
+    char node_id[kText];
+  } mine{};
+  mine.mpi_node = mpi_node;
+  const std::string machine = machine_id();
+  const std::string& node_id = env::get_string(env::Var::kNodeId);
+  ZCOLL_CHECK_LT(node_id.size(), kText, "ZCOLL_NODE_ID length");
+  std::memcpy(mine.machine, machine.data(), std::min(machine.size(), kText - 1));
+  std::memcpy(mine.node_id, node_id.data(), node_id.size());
+  int size = 0;
+  ZCOLL_MPI_CHECK(MPI_Comm_size(comm, &size));
+  std::vector<Key> all(size);
+  ZCOLL_MPI_CHECK(MPI_Allgather(&mine, sizeof(Key), MPI_BYTE, all.data(), sizeof(Key), MPI_BYTE, comm));
+  auto same_machine = [&](int a, int b) { return std::strcmp(all[a].machine, all[b].machine) == 0; };
+  auto same_node = [&](int a, int b) {
+    if (!same_machine(a, b) || std::strcmp(all[a].node_id, all[b].node_id) != 0) return false;
+    return all[a].node_id[0] != '\0' || all[a].mpi_node == all[b].mpi_node;
+  };
+  Placement out;
+  out.node_labels.resize(size);
+  out.machine_ranks = 0;
+  for (int r = 0; r < size; ++r) {
+    out.node_labels[r] = r;
+    for (int q = 0; q < r; ++q)
+      if (same_node(q, r)) {
+        out.node_labels[r] = out.node_labels[q];
+        break;
+      }
+    out.machine_ranks += same_machine(r, rank) ? 1 : 0;
+  }
+  return out;
 }
 
 WaitPolicy choose_wait_policy(bool oversubscribed) {
@@ -141,11 +201,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZCOLL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZCOLL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  MPI_Comm local;
-  ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  ZCOLL_MPI_CHECK(MPI_Comm_size(local, &local_size_));
-  ZCOLL_MPI_CHECK(MPI_Comm_free(&local));
-  oversubscribed_ = local_size_ > cpus_available(local_size_);
+  MPI_Comm shared;
+  ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
+  int mpi_node = rank_;  // MPI's node, named by its lowest rank
+  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &mpi_node, 1, MPI_INT, MPI_MIN, shared));
+  ZCOLL_MPI_CHECK(MPI_Comm_free(&shared));
+  const Placement placement = locate_ranks(comm_, rank_, mpi_node);
+  set_nodes(placement.node_labels);
+  machine_ranks_ = placement.machine_ranks;
+  oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
   shm_allowed_ = env::get_bool(env::Var::kShm);
 }

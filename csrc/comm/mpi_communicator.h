@@ -6,7 +6,13 @@
 // a communication thread shares its core with compute. So wait() polls MPI_Test with a Backoff
 // (comm/backoff.h): spin for ~20 us, yield until 50 us, then sleep between polls.
 // ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default auto: after 64 polls when the
-// ranks on this node outnumber its cores, after the spin phase otherwise).
+// ranks on this machine outnumber its cores, after the spin phase otherwise).
+//
+// Nodes: ranks share a node (node_of(), the shm path) as MPI_Comm_split_type(SHARED) groups them,
+// unless ZCOLL_NODE_ID is set: then ranks on one machine (one kernel) with equal values form a
+// node, whatever MPI says (NCCL_HOSTID's role: network namespaces on one machine emulate a
+// cluster, bench/testbed.py). Ranks on different machines never share a node. Oversubscription
+// counts every rank on the machine: emulated nodes compete for the same cores.
 #pragma once
 #include <mpi.h>
 
@@ -33,13 +39,13 @@ class MpiCommunicator final : public Communicator {
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
   bool oversubscribed() const override { return oversubscribed_; }
-  // Off with ZCOLL_SHM=0 (e.g. to measure a network while the ranks share one machine).
-  bool has_shared_arena() const override { return shm_allowed_ && local_size_ == size_; }
+  // Every rank on one node (see node_of); off with ZCOLL_SHM=0.
+  bool has_shared_arena() const override { return shm_allowed_ && node_count() == 1; }
   SharedArena* shared_arena() override;
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
-  int local_size() const { return local_size_; }
+  int machine_ranks() const { return machine_ranks_; }  // ranks on this machine (one kernel), any node
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
   // Idempotent. The destructor never does this (see mpi_communicator.cc).
   void free();
@@ -48,7 +54,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  int local_size_ = 1;
+  int machine_ranks_ = 1;
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
   bool shm_allowed_ = true;

@@ -31,15 +31,18 @@ constexpr Spec kSpecs[] = {
     {Var::kSimd, "ZCOLL_SIMD", Kind::kChoice, "auto", "auto|scalar|avx2|avx512", 0, 0,
      "cap the kernels' instruction set (auto: the best the CPU has)"},
     {Var::kWait, "ZCOLL_WAIT", Kind::kChoice, "auto", "auto|spin|yield", 0, 0,
-     "how a waiting rank polls: auto yields the core when a node's ranks outnumber its cores"},
+     "how a waiting rank polls: auto yields the core when a machine's ranks outnumber its cores"},
     {Var::kShm, "ZCOLL_SHM", Kind::kBool, "1", "", 0, 0,
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
     {Var::kRestart, "ZCOLL_RESTART", Kind::kInt, "0", "", 0, 1000000,
      "set by `zcoll run`: 0 on the first launch, k on the k-th restart"},
-    {Var::kCheckpointDir, "ZCOLL_CHECKPOINT_DIR", Kind::kText, "", "", 0, 0,
+    {Var::kCheckpointDir, "ZCOLL_CHECKPOINT_DIR", Kind::kString, "", "", 0, 4096,
      "set by `zcoll run --checkpoint-dir`: where the job saves checkpoints and resumes from"},
+    {Var::kNodeId, "ZCOLL_NODE_ID", Kind::kString, "", "", 0, 255,
+     "this rank's node: ranks on one machine with equal values share a node (shared memory) instead "
+     "of MPI's grouping; emulates a cluster on one machine, like NCCL_HOSTID (unset: MPI decides)"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
@@ -62,8 +65,8 @@ std::string valid_text(const Spec& s) {
       return detail::concat("an integer from ", s.min, " to ", s.max);
     case Kind::kBytes:
       return detail::concat("a byte count from ", s.min, " to ", s.max, " (suffixes K, M, G)");
-    case Kind::kText:
-      return "any text";
+    case Kind::kString:
+      return detail::concat("any text of at most ", s.max, " characters (empty: unset)");
     case Kind::kChoice:
       break;
   }
@@ -113,7 +116,8 @@ std::string normalise(const Spec& s, const std::string& value) {
     case Kind::kInt:
     case Kind::kBytes:
       return std::to_string(parse_integer(s, value));
-    case Kind::kText:
+    case Kind::kString:
+      if (value.size() > static_cast<std::size_t>(s.max)) bad(s, value);
       return value;
     case Kind::kChoice:
       break;
@@ -143,7 +147,7 @@ const Value& value(Var var) {
       const char* raw = std::getenv(s.name);
       v.from_env = raw != nullptr && raw[0] != '\0';
       v.text = normalise(s, v.from_env ? raw : s.default_value);
-      if (s.kind != Kind::kChoice && s.kind != Kind::kText) v.number = std::stoll(v.text);
+      if (s.kind != Kind::kChoice && s.kind != Kind::kString) v.number = std::stoll(v.text);
     }
     std::copy(std::begin(parsed), std::end(parsed), std::begin(values));
     ready = true;
@@ -172,8 +176,8 @@ const std::string& get_choice(Var var) {
   return value(var).text;
 }
 
-const std::string& get_text(Var var) {
-  require_kind(var, spec(var).kind == Kind::kText);
+const std::string& get_string(Var var) {
+  require_kind(var, spec(var).kind == Kind::kString);
   return value(var).text;
 }
 

@@ -23,16 +23,17 @@ enum class Var : int {
   kShm,            // ZCOLL_SHM            bool     allow the shared-memory path
   kShmBytes,       // ZCOLL_SHM_BYTES      bytes    shared memory per rank
   kRestart,        // ZCOLL_RESTART        int      which restart `zcoll run` is on (0: first launch)
-  kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR text     where `zcoll run` tells a job to checkpoint
+  kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR string    where `zcoll run` tells a job to checkpoint
+  kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)
   kCount
 };
 
-// The value in effect (environment, else default). get_bool / get_int / get_choice / get_text
+// The value in effect (environment, else default). get_bool / get_int / get_choice / get_string
 // must match the variable's kind (an invariant: a mismatch throws zcoll::Error).
 bool get_bool(Var var);
 long long get_int(Var var);
 const std::string& get_choice(Var var);
-const std::string& get_text(Var var);  // kText: any string, e.g. a path ("" when unset)
+const std::string& get_string(Var var);  // "" when unset
 
 struct Setting {
   std::string name;     // ZCOLL_...
@@ -47,7 +48,7 @@ std::vector<Setting> settings();
 // The variable called `name` (ZCOLL_...); std::invalid_argument listing the known ones.
 Var find(const std::string& name);
 const char* name_of(Var var);
-enum class Kind : int { kBool, kInt, kBytes, kChoice, kText };
+enum class Kind : int { kBool, kInt, kBytes, kChoice, kString };
 Kind kind_of(Var var);
 
 // Parses a value as the variable would (for tests and for Python-side variables).

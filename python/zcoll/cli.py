@@ -1,5 +1,5 @@
-"""The `zcoll` command: `zcoll info` (this installation), `zcoll run` (restart a job from its last
-checkpoint: zcoll/launcher.py)."""
+"""The `zcoll` command: `info` (this installation), `run` (restart a job from its last checkpoint:
+zcoll/launcher.py), `probe` (the network between the ranks)."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     launcher.add_arguments(p)
     p.set_defaults(func=launcher.run)
+    from . import probe
+
+    p = sub.add_parser(
+        "probe",
+        help="measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement",
+        description=probe.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    probe.add_arguments(p)
+    p.set_defaults(func=probe.main)
     args = parser.parse_args(argv)
     return args.func(args)
 

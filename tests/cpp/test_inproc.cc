@@ -359,3 +359,28 @@ TEST(inproc, bad_arguments) {
   });
   CHECK_THROWS(zcoll::InProcGroup(0), std::invalid_argument);
 }
+
+// The node map (Communicator::node_of): labels renumbered in order of each node's lowest rank,
+// the same on every rank; the shm path only when every rank is on one node.
+TEST(inproc, nodes) {
+  InProcOptions o = ztest::test_options();
+  ON_RANKS(3, o, [&](Communicator& comm) {
+    CHECK_EQ(comm.node_count(), 1);
+    CHECK_EQ(comm.node_of(2), 0);
+    CHECK_EQ(comm.local_ranks().size(), 3u);
+    CHECK(comm.has_shared_arena());
+  });
+  o.nodes = {7, 3, 7, 3, 9};
+  ON_RANKS(5, o, [&](Communicator& comm) {
+    CHECK_EQ(comm.node_count(), 3);
+    const std::vector<int> want_nodes = {0, 1, 0, 1, 2};
+    for (int r = 0; r < 5; ++r) CHECK_EQ(comm.node_of(r), want_nodes[r]);
+    const std::vector<std::vector<int>> want_local = {{0, 2}, {1, 3}, {0, 2}, {1, 3}, {4}};
+    CHECK(comm.local_ranks() == want_local[comm.rank()]);
+    CHECK(!comm.has_shared_arena());
+    CHECK(comm.shared_arena() == nullptr);
+    CHECK_THROWS(comm.node_of(5), std::invalid_argument);
+  });
+  o.nodes = {1, 2};
+  CHECK_THROWS(zcoll::InProcGroup(3, o), std::invalid_argument);
+}
