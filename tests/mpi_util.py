@@ -28,7 +28,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import pytest
 from perf_table import split_ranks  # bench/, on sys.path through conftest.py
+from proctree import kill_tree as _kill_tree
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -63,36 +63,6 @@ def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
         else:
             env[key] = str(value)
     return env
-
-
-def _descendants(pid: int) -> list:
-    """Every process below pid, found through /proc (hydra's proxies call setsid)."""
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    pids = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def tail(out: str) -> str:
