@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DDP training-step benchmark: step time and final accuracy of gloo and zcoll configurations.
 
-    python bench/ddp_step.py                                  # everything (long: see --help below)
+    python bench/ddp_step.py                      # 3 models x 2 and 4 ranks x shm and the link (long)
     python bench/ddp_step.py --models mlp --ranks 2 --networks slow --accuracy-epochs 0   # minutes
     python bench/ddp_step.py --quick --models mlp --ranks 2 --networks shm                # a smoke run
 
@@ -20,8 +20,9 @@ settings. Steps:
    plus each one's communication alone (its gradients through its collective, bucket by bucket);
    warm-up excluded; a step's time is the slowest rank's; a row shows the median over steps.
 3. Accuracy job (once per model and rank count, on shared memory: accuracy does not depend on the
-   link): each row trains --accuracy-epochs epochs from the same initial weights and data order;
-   test accuracy, and whether every rank ended with the same parameter bits.
+   link): each configuration trains --accuracy-epochs epochs at DDP's default buckets (and at the
+   caps of --accuracy-buckets) from the same initial weights and data order; test accuracy, and
+   whether every rank ended with the same parameter bits.
 4. A configuration that crashes or hangs (torch's PowerSGD hook on gloo does) is named in the
    table with the reason, and its job runs again without it.
 5. Tables per (model, ranks, network): median step time, speed-up over gloo at the same buckets
@@ -87,6 +88,11 @@ def options(argv=None) -> argparse.Namespace:
         default="default,suggested",
         help="bucket settings of each DDP configuration: default (DDP's 25 MB), suggested "
         "(the profiler's, per configuration), or a cap in MB (default: default,suggested)",
+    )
+    p.add_argument(
+        "--accuracy-buckets",
+        default="default",
+        help="bucket settings of the accuracy job: default and caps in MB (default: default)",
     )
     p.add_argument(
         "--suggested-fallback-mb",
@@ -155,6 +161,11 @@ def options(argv=None) -> argparse.Namespace:
         p.error(f"need 1 <= --rounds ({a.rounds}) <= --steps ({a.steps})")
     if a.warmup < 2:
         p.error(f"--warmup must be >= 2 (DDP rebuilds its buckets in the second step), got {a.warmup}")
+    try:
+        wl.parse_buckets(a.buckets)
+        wl.parse_buckets(a.accuracy_buckets, allow_suggested=False)
+    except ValueError as e:
+        p.error(str(e))
     a.csv = a.csv or a.out / "ddp_step.csv"
     a.png = a.png or a.out / "ddp_step.png"
     return a
@@ -184,47 +195,26 @@ class JobSpec:
 def job_argv(
     spec: JobSpec, args: argparse.Namespace, configs: List[str], result: Path, progress: Path
 ) -> list:
-    return [
-        BIN / "mpirun",
-        "-n",
-        spec.ranks,
-        sys.executable,
-        "-m",
-        "mpi4py",
-        JOB,
-        "--phase",
-        spec.phase,
-        "--model",
-        spec.model,
-        "--configs",
-        ",".join(configs),
-        "--buckets",
-        args.buckets,
-        "--suggested-fallback-mb",
-        args.suggested_fallback_mb,
-        "--steps",
-        args.steps,
-        "--rounds",
-        args.rounds,
-        "--warmup",
-        args.warmup,
-        "--settle",
-        args.settle,
-        "--accuracy-epochs",
-        args.accuracy_epochs,
-        "--batch",
-        args.batch,
-        "--lr",
-        args.lr,
-        "--seed",
-        args.seed,
-        "--hang-after",
-        args.hang_after,
-        "--result",
-        result,
-        "--progress",
-        progress,
-    ]
+    flags = {
+        "phase": spec.phase,
+        "model": spec.model,
+        "configs": ",".join(configs),
+        "buckets": args.accuracy_buckets if spec.phase == "accuracy" else args.buckets,
+        "suggested-fallback-mb": args.suggested_fallback_mb,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "settle": args.settle,
+        "accuracy-epochs": args.accuracy_epochs,
+        "batch": args.batch,
+        "lr": args.lr,
+        "seed": args.seed,
+        "hang-after": args.hang_after,
+        "result": result,
+        "progress": progress,
+    }
+    job = [sys.executable, "-m", "mpi4py", JOB, *[x for k, v in flags.items() for x in (f"--{k}", v)]]
+    return [BIN / "mpirun", "-n", spec.ranks, *job]
 
 
 def job_env(network: str, ns: Optional[netns.RateLimitedLoopback]) -> Dict[str, str]:
@@ -713,7 +703,10 @@ def main(argv=None) -> int:
         except netns.Unavailable as e:
             print(f"ddp_step.py: --networks slow: {e}", file=sys.stderr)
             return 3
-    saved: dict = dict(args={k: str(v) for k, v in vars(args).items()}, jobs=[])
+    zvars = {k: v for k, v in os.environ.items() if k.startswith("ZCOLL_")}
+    saved: dict = dict(
+        args={k: str(v) for k, v in vars(args).items()}, cores=os.cpu_count(), env=zvars, jobs=[]
+    )
     try:
         for model in args.models:
             for ranks in args.ranks:

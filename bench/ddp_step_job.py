@@ -41,6 +41,7 @@ import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -93,22 +94,15 @@ def options(argv=None) -> argparse.Namespace:
     unknown = [c for c in a.configs if c not in wl.CONFIGS]
     if unknown:
         p.error(f"unknown configurations {unknown}; choose from {', '.join(wl.CONFIGS)}")
-    a.buckets = [b for b in a.buckets.split(",") if b]
-    for b in a.buckets:
-        if b not in ("default", "suggested") and not _is_positive_number(b):
-            p.error(f"bad bucket setting {b!r}: default, suggested or a size in MB")
+    try:
+        a.buckets = wl.parse_buckets(a.buckets)
+    except ValueError as e:
+        p.error(f"--buckets: {e}")
     if a.steps < 1 or a.rounds < 1 or a.rounds > a.steps:
         p.error(f"need 1 <= --rounds ({a.rounds}) <= --steps ({a.steps})")
     if a.warmup < 2:
         p.error(f"--warmup must be >= 2 (DDP rebuilds its buckets in the second step), got {a.warmup}")
     return a
-
-
-def _is_positive_number(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False
 
 
 # -- the run's shared state -----------------------------------------------------------------------
@@ -189,14 +183,14 @@ def suggest_bucket_mb(job: Job, config: wl.Config) -> Tuple[Optional[float], str
     """The bucket cap (MB) zcoll's step profiler suggests for `config` on this model, from a short
     profiled run at DDP's default buckets (``zcoll.torch.profile``; its analysis names the cap
     with the fastest predicted step, or none when the current one is best: then DDP's default),
-    and where it came from. (None, why) when this build has no profiler."""
-    import tempfile
-
+    and where it came from. (None, why) when this build has no profiler or it gave no suggestion."""
     import zcoll.torch
 
     if not hasattr(zcoll.torch, "profile"):
         return None, "no profiler in this build (zcoll.torch.profile)"
-    probe = StepEntry(job, config, "default", None, "")
+    # torch's own hooks are timed by the profiler when registered through its timed_hook
+    timed_hook = getattr(getattr(zcoll.torch, "profiler", None), "timed_hook", lambda hook: hook)
+    probe = StepEntry(job, config, "default", None, "", hook_wrapper=timed_hook)
     with tempfile.TemporaryDirectory(prefix="ddp_step_profile.") as tmp:
         with zcoll.torch.profile(
             probe.model, tmp, optimizer=probe.opt, steps=PROFILE_STEPS, warmup=PROFILE_WARMUP
@@ -205,7 +199,7 @@ def suggest_bucket_mb(job: Job, config: wl.Config) -> Tuple[Optional[float], str
                 probe.timed(record=False)
     analysis = prof.analysis or {}
     if "error" in analysis:
-        raise RuntimeError(f"{config.name}: the profiler gave no analysis: {analysis['error']}")
+        return None, f"the profiler gave no suggestion ({analysis['error']})"
     mb = analysis.get("suggested_bucket_cap_mb")
     verdict = analysis.get("verdict", "?")
     if mb is None:
@@ -214,13 +208,11 @@ def suggest_bucket_mb(job: Job, config: wl.Config) -> Tuple[Optional[float], str
 
 
 def bucket_settings(job: Job, config: wl.Config) -> List[Tuple[str, Optional[float], str]]:
-    """[(label, cap in MB or None for DDP's default, note)] of a DDP configuration. The accuracy
-    phase trains at DDP's default and the fixed caps only (no profiled run). A suggestion equal to
-    DDP's default is not run twice; the note says so (``job.notes``)."""
+    """[(label, cap in MB or None for DDP's default, note)] of a DDP configuration. A suggestion
+    equal to DDP's default is not run twice when ``default`` is measured; the note says so
+    (``job.notes``)."""
     out: List[Tuple[str, Optional[float], str]] = []
     wanted = job.args.buckets
-    if job.args.phase == "accuracy":
-        wanted = ["default"] + [b for b in wanted if b not in ("default", "suggested")]
     for b in wanted:
         if b == "default":
             out.append(("default", None, ""))
@@ -244,9 +236,18 @@ class StepEntry:
 
     kind = "step"
 
-    def __init__(self, job: Job, config: wl.Config, label: str, bucket_mb: Optional[float], note: str):
+    def __init__(
+        self,
+        job: Job,
+        config: wl.Config,
+        label: str,
+        bucket_mb: Optional[float],
+        note: str,
+        hook_wrapper: Callable[[Callable], Callable] = lambda hook: hook,
+    ):
         self.job, self.config, self.label, self.bucket_mb, self.note = job, config, label, bucket_mb, note
-        self.model = wl.wrap(config, wl.make_model(job.args.model, job.args.seed), job.groups, bucket_mb)
+        module = wl.make_model(job.args.model, job.args.seed)
+        self.model = wl.wrap(config, module, job.groups, bucket_mb, hook_wrapper)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=job.args.lr)
         self.batches = wl.Batches(job.data, job.args.batch, job.rank, job.size, job.args.seed)
         self.times: List[float] = []

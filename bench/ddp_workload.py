@@ -187,9 +187,17 @@ POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baselin
 POWERSGD_START = 2  # start_powerSGD_iter: DDP's minimum with error feedback (buckets rebuild at step 1)
 
 
-def wrap(config: Config, module: nn.Module, groups: Dict[str, Any], bucket_mb: Optional[float]) -> nn.Module:
+def wrap(
+    config: Config,
+    module: nn.Module,
+    groups: Dict[str, Any],
+    bucket_mb: Optional[float],
+    hook_wrapper: Callable[[Callable], Callable] = lambda hook: hook,
+) -> nn.Module:
     """`module` as `config` trains it: itself (compute), or a DDP model on the config's group with
-    DDP's default buckets (bucket_mb None: bucket_cap_mb=25) or `bucket_mb`, and its hook."""
+    DDP's default buckets (bucket_mb None: bucket_cap_mb=25) or `bucket_mb`, and its hook.
+    hook_wrapper: applied to torch's hooks before registering them (the profiler times a hook it
+    did not register through ``zcoll.torch.profiler.timed_hook``)."""
     if not config.ddp:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -199,7 +207,7 @@ def wrap(config: Config, module: nn.Module, groups: Dict[str, Any], bucket_mb: O
     if config.gloo_hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        ddp.register_comm_hook(groups[config.group], default_hooks.fp16_compress_hook)
+        ddp.register_comm_hook(groups[config.group], hook_wrapper(default_hooks.fp16_compress_hook))
     elif config.gloo_hook == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
@@ -208,12 +216,31 @@ def wrap(config: Config, module: nn.Module, groups: Dict[str, Any], bucket_mb: O
             matrix_approximation_rank=POWERSGD_RANK,
             start_powerSGD_iter=POWERSGD_START,
         )
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        ddp.register_comm_hook(state, hook_wrapper(psgd.powerSGD_hook))
     elif config.compressor is not None:
         import zcoll.torch
 
         zcoll.torch.apply_gradient_compression(ddp, config.compressor())
     return ddp
+
+
+def parse_buckets(text: str, allow_suggested: bool = True) -> List[str]:
+    """Bucket settings from a comma-separated list: ``default`` (DDP's), ``suggested`` (the
+    profiler's, when allowed) or a cap in MB. Raises ValueError naming a bad one."""
+    out = [b for b in text.split(",") if b]
+    for b in out:
+        if b == "default" or (b == "suggested" and allow_suggested):
+            continue
+        try:
+            ok = float(b) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            kinds = "default, suggested or" if allow_suggested else "default or"
+            raise ValueError(f"bad bucket setting {b!r}: {kinds} a cap in MB")
+    if not out:
+        raise ValueError("no bucket setting given")
+    return out
 
 
 def parameters_of(model: nn.Module) -> List[torch.Tensor]:
