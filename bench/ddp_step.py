@@ -281,6 +281,8 @@ def failure_reason(lines: List[str], where: str) -> str:
                 break
         waiting = f"; threads in {', '.join(dict.fromkeys(frames))}" if frames else ""
         return f"hung ({where}): no progress, ended by the watchdog{waiting}"
+    if lines and lines[-1].endswith("--job-timeout)"):
+        return f"hung ({where}): {lines[-1].strip('()')}"
     for marker in ("what():", "Error:", "Error"):
         hits = [ln for ln in lines if marker in ln]
         if hits:
@@ -396,14 +398,14 @@ def make_table(network: str, timing: dict, accuracy: Optional[dict], failed: Dic
     for e in (e for e in entries if e["kind"] == "step"):
         ms = [t * 1e3 for t in e["times"]]
         r = Row(
-            e["config"],
-            e["bucket"],
-            e["bucket_mb"],
-            e["note"],
-            statistics.median(ms),
-            quantile(ms, 0.25),
-            quantile(ms, 0.75),
-            len(ms),
+            config=e["config"],
+            bucket=e["bucket"],
+            bucket_mb=e["bucket_mb"],
+            note=e["note"],
+            step_ms=statistics.median(ms),
+            p25_ms=quantile(ms, 0.25),
+            p75_ms=quantile(ms, 0.75),
+            steps=len(ms),
         )
         c = comm.get((e["config"], e["bucket"]))
         if c is not None:
@@ -431,15 +433,15 @@ def make_table(network: str, timing: dict, accuracy: Optional[dict], failed: Dic
                 r.accuracy, r.identical = a["accuracy"], a["identical"]
     epochs = accuracy["accuracy"][0]["epochs"] if accuracy and accuracy["accuracy"] else 0
     return Table(
-        timing["model"],
-        p,
-        network,
-        timing["parameters"],
-        timing["gradient_bytes"],
-        rows,
-        dict(failed),
-        epochs,
-        dict(timing.get("notes", {})),
+        model=timing["model"],
+        ranks=p,
+        network=network,
+        parameters=timing["parameters"],
+        gradient_bytes=timing["gradient_bytes"],
+        rows=rows,
+        failed=dict(failed),
+        accuracy_epochs=epochs,
+        notes=dict(timing.get("notes", {})),
     )
 
 
