@@ -25,11 +25,12 @@ settings. Steps:
    whether every rank ended with the same parameter bits.
 4. A configuration that crashes or hangs (torch's PowerSGD hook on gloo does) is named in the
    table with the reason, and its job runs again without it.
-5. Tables per (model, ranks, network): median step time, speed-up over gloo at the same buckets
-   and over gloo's best bucket setting, communication-only time, the serial sum (compute-only +
-   communication-only: a step slower than that hides nothing and adds overhead), bytes each rank
-   sends per step, test accuracy. Then the issue's targets, PASS or MISS with the numbers; a CSV,
-   the raw JSON (--from-json reprints from it) and a PNG plot in --out.
+5. Tables per (model, ranks, network): median step time, speed-up over gloo at the same bucket
+   setting (``suggested``: gloo at its own suggestion) and over gloo's best bucket setting,
+   communication-only time, the serial sum (compute-only + communication-only: a step slower
+   than that hides nothing and adds overhead), bytes each rank sends per step, test accuracy.
+   Then the issue's targets, PASS or MISS with the numbers; a CSV, the raw JSON (--from-json
+   reprints from it) and a PNG plot in --out.
 
 Exit status: 0 when every job finished (configurations that failed are in the tables), 1 with
 --require-targets when a checked target missed, 2 when a job failed for a reason no configuration

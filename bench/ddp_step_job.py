@@ -14,8 +14,8 @@ JSON that rank 0 writes. Timing, in order:
    without DDP (each rank alone: no communication). After the warm-up, one *comm* entry per DDP
    entry: the same gradients, cut into that model's own DDP buckets, through the configuration's
    collective alone, bucket after bucket (:func:`comm_only`).
-3. Warm-up: ``--warmup`` untimed steps per entry (covers DDP's bucket rebuild after step 1 and the
-   PowerSGD hook's start at step 2).
+3. Warm-up: ``--warmup`` untimed steps per entry, comm entries included (covers DDP's bucket
+   rebuild after step 1, the PowerSGD hook's first compressed step, the compressors' first calls).
 4. ``--rounds`` rounds; each visits every entry once, in a seeded order that changes per round and
    is the same on every rank, for one untimed settling step (``--settle``) and then its share of
    ``--steps`` timed steps. A timed step: MPI barrier, then forward, backward (DDP communicates),
@@ -414,7 +414,14 @@ def timing(job: Job) -> None:
         job.at("warmup", e.name)
         for _ in range(warmup_steps(job, e.config)):
             e.timed(record=False)
-    entries: List[Any] = steps + [CommEntry(job, e) for e in steps if has_comm_only(e.config)]
+    comms = []
+    for e in steps:
+        if has_comm_only(e.config):
+            job.at("warmup", e.name)
+            comms.append(CommEntry(job, e))
+            for _ in range(a.warmup):  # the compressor's first call allocates its residuals
+                comms[-1].timed(record=False)
+    entries: List[Any] = steps + comms
     t_start = time.perf_counter()
     for r in range(a.rounds):
         block = a.steps // a.rounds + (r < a.steps % a.rounds)
