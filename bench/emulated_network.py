@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,13 +28,13 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+import netns
 import perf_table
 
 METHODS = "none,fp16,bf16,int8,int4,sign,topk:0.01,randomk:0.01,threshold:6"
 # At 2 ranks and 16 MiB of float32: minimum speed-up over MPI_Allreduce in the same run.
 TARGETS = {"int8": 3.7, "int4": 6.5, "sign": 15.0, "topk:0.01": 20.0}
 LINK_SLACK = 1.15  # each compressed row within 15% of its wire bytes / link throughput
-MPI_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 BIN = Path(sys.executable).parent
 
 
@@ -54,76 +53,30 @@ def size_arg(s: str) -> str:
     return s
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
-
-
-class Namespace:
-    """A network namespace with a rate-limited loopback; deleted by close()."""
+class Namespace(netns.RateLimitedLoopback):
+    """The rate-limited loopback of bench/netns.py, refusing with exit status 3 where the machine
+    cannot emulate a network; deleted by close()."""
 
     def __init__(self, rate: str):
-        self.name = f"zcoll-net-{os.getpid()}"
-        self.created = False
-        for tool in ("ip", "tc"):
-            if shutil.which(tool) is None:
-                refuse(f"the '{tool}' tool is missing (package iproute2); cannot emulate a network here")
-        r = sh("ip", "netns", "add", self.name, check=False)
-        if r.returncode:
-            refuse(
-                f"cannot create a network namespace ({r.stderr.strip()}); this needs root or "
-                "CAP_SYS_ADMIN (e.g. sudo, or a container started with --cap-add SYS_ADMIN,NET_ADMIN)"
-            )
-        self.created = True
-        steps = [
-            ("ip", "link", "set", "lo", "up"),
-            (
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                "lo",
-                "root",
-                "tbf",
-                "rate",
-                rate,
-                "burst",
-                "256kb",
-                "latency",
-                "50ms",
-            ),
-        ]
-        for step in steps:
-            r = sh("ip", "netns", "exec", self.name, *step, check=False)
-            if r.returncode:
-                self.close()
-                refuse(
-                    f"'{' '.join(step)}' failed in the namespace ({r.stderr.strip()}); traffic control "
-                    "(tc tbf) is not permitted or not available here"
-                )
-        log(f"namespace {self.name}: loopback limited to {rate} (tbf, burst 256kb, latency 50ms)")
-
-    def close(self) -> None:
-        if self.created:
-            sh("ip", "netns", "del", self.name, check=False)
-            self.created = False
-            log(f"namespace {self.name} deleted")
+        try:
+            super().__init__(rate, log=log)
+        except netns.Unavailable as e:
+            refuse(str(e))
 
     def bench(self, ranks: int, flags: list, csv_path: Path, timeout: float) -> list:
         """Runs zcoll_allreduce_perf in the namespace, echoing its rows; returns the CSV rows."""
-        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **MPI_TCP)
-        cmd = [
-            "ip",
-            "netns",
-            "exec",
-            self.name,
-            str(BIN / "mpirun"),
-            "-n",
-            str(ranks),
-            str(BIN / "zcoll_allreduce_perf"),
-            *flags,
-            "--csv",
-            str(csv_path),
-        ]
+        env = self.env(dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"))
+        cmd = self.command(
+            [
+                str(BIN / "mpirun"),
+                "-n",
+                str(ranks),
+                str(BIN / "zcoll_allreduce_perf"),
+                *flags,
+                "--csv",
+                str(csv_path),
+            ]
+        )
         log(f"{ranks} ranks: {' '.join(cmd[cmd.index('-n') - 1 :])}")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.time() + timeout
