@@ -29,6 +29,7 @@ void bind_env(py::module_& m) {
           case env::Kind::kBool: return py::bool_(env::get_bool(var));
           case env::Kind::kInt:
           case env::Kind::kBytes: return py::int_(env::get_int(var));
+          case env::Kind::kString: return py::str(env::get_string(var));
           case env::Kind::kChoice: break;
         }
         return py::str(env::get_choice(var));

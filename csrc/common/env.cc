@@ -36,6 +36,8 @@ constexpr Spec kSpecs[] = {
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
+    {Var::kTrace, "ZCOLL_TRACE", Kind::kString, "", "", 0, 0,
+     "a directory: trace every DDP model's training steps (zcoll.torch) and write the traces there at exit"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
@@ -58,6 +60,8 @@ std::string valid_text(const Spec& s) {
       return detail::concat("an integer from ", s.min, " to ", s.max);
     case Kind::kBytes:
       return detail::concat("a byte count from ", s.min, " to ", s.max, " (suffixes K, M, G)");
+    case Kind::kString:
+      return "any text (empty: off)";
     case Kind::kChoice:
       break;
   }
@@ -107,6 +111,8 @@ std::string normalise(const Spec& s, const std::string& value) {
     case Kind::kInt:
     case Kind::kBytes:
       return std::to_string(parse_integer(s, value));
+    case Kind::kString:
+      return value;
     case Kind::kChoice:
       break;
   }
@@ -135,7 +141,7 @@ const Value& value(Var var) {
       const char* raw = std::getenv(s.name);
       v.from_env = raw != nullptr && raw[0] != '\0';
       v.text = normalise(s, v.from_env ? raw : s.default_value);
-      if (s.kind != Kind::kChoice) v.number = std::stoll(v.text);
+      if (s.kind != Kind::kChoice && s.kind != Kind::kString) v.number = std::stoll(v.text);
     }
     std::copy(std::begin(parsed), std::end(parsed), std::begin(values));
     ready = true;
@@ -161,6 +167,11 @@ long long get_int(Var var) {
 
 const std::string& get_choice(Var var) {
   require_kind(var, spec(var).kind == Kind::kChoice);
+  return value(var).text;
+}
+
+const std::string& get_string(Var var) {
+  require_kind(var, spec(var).kind == Kind::kString);
   return value(var).text;
 }
 

@@ -22,14 +22,16 @@ enum class Var : int {
   kWait,           // ZCOLL_WAIT           choice   how ranks wait
   kShm,            // ZCOLL_SHM            bool     allow the shared-memory path
   kShmBytes,       // ZCOLL_SHM_BYTES      bytes    shared memory per rank
+  kTrace,          // ZCOLL_TRACE          string   directory for step traces (zcoll.torch)
   kCount
 };
 
-// The value in effect (environment, else default). get_bool / get_int / get_choice must match
-// the variable's kind (an invariant: a mismatch throws zcoll::Error).
+// The value in effect (environment, else default). get_bool / get_int / get_choice / get_string
+// must match the variable's kind (an invariant: a mismatch throws zcoll::Error).
 bool get_bool(Var var);
 long long get_int(Var var);
 const std::string& get_choice(Var var);
+const std::string& get_string(Var var);  // kString: any text, taken as it is
 
 struct Setting {
   std::string name;     // ZCOLL_...
@@ -44,7 +46,7 @@ std::vector<Setting> settings();
 // The variable called `name` (ZCOLL_...); std::invalid_argument listing the known ones.
 Var find(const std::string& name);
 const char* name_of(Var var);
-enum class Kind : int { kBool, kInt, kBytes, kChoice };
+enum class Kind : int { kBool, kInt, kBytes, kChoice, kString };
 Kind kind_of(Var var);
 
 // Parses a value as the variable would (for tests and for Python-side variables).
