@@ -1,33 +1,44 @@
 """The step-time model behind ``zcoll report``'s verdict and predictions (docs/profiler.md).
 
-Fitted on one rank's traced steps (medians over the analysed steps), it replays a step with other
-bucket sizes, another compression method or gradient accumulation:
+It replays every traced step, on all ranks together, under another setting (bucket size,
+compression method, gradient accumulation); the prediction is the median over the replayed steps
+of the mean over ranks, the way the measured step time is taken. Replaying the measured steps,
+rather than a fitted average, keeps what the model does not explain (noise, a slow forward) as
+it was measured, so only the setting changes between the two.
 
-1. Compute: the backward pass on a *compute clock* tau, real time minus the time the bucket
-   hooks took on the compute thread (eta per bucket); bucket i's gradients are all ready at
-   tau_i; the pass ends at tau_A. Everything outside backward and sync (data, forward, loss,
-   optimizer, gaps) is ``other`` and does not change.
+1. Compute: the backward pass of rank r on a *compute clock* tau, real time minus the time the
+   bucket hooks took on the compute thread (eta per bucket); bucket i's gradients are all ready
+   at tau_i; the pass ends at tau_end. Everything outside backward and sync (data, forward,
+   loss, optimizer, gaps) is ``other`` and does not change.
 2. Gradient stream: the parameters in the order DDP buckets them (the order their gradients
    become ready), each made ready at a tau interpolated linearly in bytes between the ends of
    the measured buckets. New buckets are cut from this stream as DDP does (a bucket closes once
    it reaches its cap; the first may have its own cap) and are ready at their last gradient.
-3. Hooks: each bucket costs eta on the compute thread, so bucket j is ready at
-   tau'_j + j eta, handed over at + eta, and the pass ends at tau_A + N' eta.
-4. Communication: one ordered worker. Bucket j starts at max(hand-over + h_idle,
-   end of j-1 + h_busy) and takes c = alpha + max(beta x, codec): x the bytes this rank sends
-   (measured bytes per dense byte for the method in use; 2(p-1)/p times the payload ratio for a
-   ring codec, (p-1) times it for top-k's allgather), codec the compression kernels' time
-   (encode + (2 - 1/p) decode per dense byte on a ring, encode + decode for top-k), overlapped
-   with the transfer (the compressed algorithms pipeline them), alpha the per-call cost.
-5. Step: T = other + tau_A + N' eta + max(0, last end - end of backward) + finalize (DDP's copy
-   of the results, measured as the part of ``sync`` not spent waiting).
-   With accumulation k: (k - 1) steps without communication (other - optimizer + tau_A) and one
-   with; the figure reported is the mean time per micro-batch.
+3. Hooks: each bucket costs eta on the compute thread, so bucket j is handed over at
+   tau'_j + (j + 1) eta and the pass ends at tau_end + N' eta.
+4. Communication: one ordered worker per rank, one collective per bucket. Bucket j's
+   collective starts once every rank has handed it over (rank r's backward pass began offset_r
+   after rank 0's; + h_idle, its worker's wake-up) and gap after the previous collective ended
+   (the workers' turnaround); it ends c_j later on every rank, with
+   c = alpha + max(beta x, codec): x the bytes a rank sends (measured bytes per dense byte for
+   the method in use; 2(p-1)/p times the payload ratio for a ring codec, (p-1) times it for
+   top-k's allgather), codec the compression kernels' time (encode + (2 - 1/p) decode per dense
+   byte on a ring, encode + decode for top-k) overlapped with the transfer (the compressed
+   algorithms pipeline them), alpha the per-call cost.
+5. Step of rank r: other + tau_end + N' eta + max(0, last end - end of its backward pass) +
+   finalize (DDP's copy of the results: the part of ``sync`` not spent waiting).
+   With accumulation k: (k - 1) steps without communication (the measured ones, else
+   other - optimizer + tau_end) and one with; the figure is the mean time per micro-batch.
 
-alpha and beta: least squares over the traced buckets when the run is uncompressed and their
-sizes span at least 4x up to at least 256 KiB; otherwise beta from the start-up calibration (two
-allreduce sizes through the same process group) and alpha the median of what the traced buckets
-took beyond beta x (and beyond their codec time).
+Constants: c of a traced bucket is measured from the last rank's start to the first rank's end
+(clocks aligned), so waiting for a late rank is not counted as cost. beta: the slope of a
+least-squares line through the traced buckets (bytes sent, c) when the run is uncompressed and
+their sizes span at least 4x up to at least 256 KiB; otherwise from the start-up calibration
+(two allreduce sizes through the same process group), else from the link probe. alpha, eta,
+h_idle and gap: each traced step's own mean (alpha: what its buckets took beyond beta x and
+their codec time; gap: from one collective's end, the first rank's, to the next one's start, the
+last rank's, where every rank had handed the next bucket over before), sums over buckets being
+what matters.
 """
 
 from __future__ import annotations
@@ -74,29 +85,48 @@ class Link:
     def call_time(self, method: str, n: float) -> float:
         return self.alpha + max(self.beta * self.wire(method, n), self.codec_time(method, n))
 
+    def residuals(self, dense: Sequence[float], sent: Sequence[float], seconds: Sequence[float]) -> np.ndarray:
+        """What calls took beyond beta x and their codec time (>= 0): the per-call cost."""
+        codec = np.array([self.codec_time(self.method, d) for d in dense])
+        return np.maximum(0.0, np.asarray(seconds) - np.maximum(self.beta * np.asarray(sent), codec))
+
 
 @dataclass
 class Shape:
-    """One traced step of one rank (seconds). The model replays each traced step under a new
-    setting, so that what it does not model (noise, a slow forward) stays as it was measured."""
+    """One traced step of one rank (seconds, on this rank's clock from its backward start)."""
 
     step: float  # measured step time
     other: float  # step - backward - sync
     optimizer: float
+    offset: float  # start of its backward pass after rank 0's (aligned clocks)
     tau_end: float  # compute-clock length of the backward pass
-    eta: float  # compute-thread time per bucket hook
+    eta: float  # compute-thread time per bucket hook (this step's mean)
     ready_tau: List[float]  # compute-clock time each measured bucket was complete
     ready_bytes: List[float]  # cumulative dense bytes through each measured bucket
     params: Tuple[int, ...]  # gradient sizes in bucket order
-    h_idle: float  # hand-over to start, worker idle (this rank's median)
-    h_busy: float  # previous end to start, worker busy (this rank's median)
+    h_idle: float  # hand-over to start, worker idle (this step's mean)
     finalize: float
     quiet_step: Optional[float] = None  # a step without communication (measured median), if any
+    _curve: Optional[Tuple[np.ndarray, np.ndarray]] = field(default=None, repr=False, compare=False)
 
     def tau_at(self, cum_bytes: np.ndarray) -> np.ndarray:
-        xs = np.concatenate(([0.0], self.ready_bytes))
-        ys = np.concatenate(([0.0], np.maximum.accumulate(self.ready_tau))) if len(self.ready_tau) else np.zeros(1)
-        return np.interp(cum_bytes, xs, ys)
+        """Compute-clock time at which the gradient stream has produced cum_bytes."""
+        if self._curve is None:
+            self._curve = (np.concatenate(([0.0], self.ready_bytes)),
+                           np.concatenate(([0.0], np.maximum.accumulate(self.ready_tau))))
+        return np.interp(cum_bytes, *self._curve)
+
+    def quiet(self) -> float:
+        return self.quiet_step if self.quiet_step is not None else self.other - self.optimizer + self.tau_end
+
+
+@dataclass
+class StepShape:
+    """One traced step on every rank."""
+
+    ranks: List[Shape]
+    alpha: float  # per-call cost of this step's collectives (mean)
+    gap: float  # from a collective's end to the next one's start when the workers were busy (mean)
 
 
 @dataclass(frozen=True)
@@ -132,33 +162,45 @@ def rebucket(params: Tuple[int, ...], first_cap: float, cap: float) -> Tuple[np.
     return np.array(sizes, dtype=float), np.array(ends, dtype=float)
 
 
-def simulate(shape: Shape, link: Link, cfg: Config) -> float:
-    """Predicted time of one traced step of one rank under cfg (seconds)."""
+def _plan(params: Tuple[int, ...], link: Link, cfg: Config) -> Tuple[np.ndarray, np.ndarray]:
+    """The buckets of cfg: cumulative bytes at each one's end, and each one's time beyond alpha."""
+    sizes, ends = rebucket(params, cfg.first_cap, cfg.cap)
+    wire = np.array([link.wire(cfg.method, n) for n in sizes])
+    codec = np.array([link.codec_time(cfg.method, n) for n in sizes])
+    return ends, cfg.link_scale * np.maximum(link.beta * wire, codec)
+
+
+def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) -> float:
+    """Predicted time of one traced step under cfg, its buckets planned by _plan (seconds): the
+    mean over ranks."""
+    ranks = step.ranks
     if not cfg.communicate:
-        return shape.other + shape.tau_end
-    ovh, lnk = cfg.overhead_scale, cfg.link_scale
-    eta, h_idle, h_busy = shape.eta * ovh, shape.h_idle * ovh, shape.h_busy * ovh
-    sizes, ends = rebucket(shape.params, cfg.first_cap, cfg.cap)
-    handed = shape.tau_at(ends) + eta * np.arange(1, len(sizes) + 1)
-    alpha = link.alpha * ovh
+        return float(np.mean([s.other + s.tau_end for s in ranks]))
+    ovh = cfg.overhead_scale
+    ends, cost = plan
+    n = len(ends)
     end = -math.inf
-    for n, h in zip(sizes.tolist(), handed.tolist()):
-        c = alpha + lnk * max(link.beta * link.wire(cfg.method, n), link.codec_time(cfg.method, n))
-        end = max(h + h_idle, end + h_busy) + c
-    backward = shape.tau_end + len(sizes) * eta
-    exposed = max(0.0, end - backward) if len(sizes) else 0.0
-    step = shape.other + backward + exposed + shape.finalize * ovh
-    if cfg.accumulation > 1:
-        quiet = shape.quiet_step if shape.quiet_step is not None else shape.other - shape.optimizer + shape.tau_end
-        step = ((cfg.accumulation - 1) * quiet + step) / cfg.accumulation
-    return step
+    if n:
+        steps = np.arange(1, n + 1)
+        handed = np.max([s.offset + s.tau_at(ends) + s.eta * ovh * steps + s.h_idle * ovh for s in ranks], axis=0)
+        alpha, gap = step.alpha * ovh, step.gap * ovh
+        for h, c in zip(handed.tolist(), cost.tolist()):
+            end = max(h, end + gap) + alpha + c
+    times = []
+    for s in ranks:
+        backward = s.tau_end + n * s.eta * ovh
+        exposed = max(0.0, end - s.offset - backward) if n else 0.0
+        t = s.other + backward + exposed + s.finalize * ovh
+        if cfg.accumulation > 1:
+            t = ((cfg.accumulation - 1) * s.quiet() + t) / cfg.accumulation
+        times.append(t)
+    return float(np.mean(times))
 
 
-def predict(shapes: Sequence[Sequence[Shape]], link: Link, cfg: Config) -> float:
-    """The step time under cfg: each traced step replayed on every rank (shapes[rank][step]),
-    the mean over ranks per step, the median over steps (as the measured step time is taken)."""
-    per_step = np.mean([[simulate(s, link, cfg) for s in rank] for rank in shapes], axis=0)
-    return float(np.median(per_step))
+def predict(steps: Sequence[StepShape], link: Link, cfg: Config) -> float:
+    """The step time under cfg: the median over the replayed steps."""
+    plan = _plan(steps[0].ranks[0].params, link, cfg)
+    return float(np.median([simulate(s, plan, cfg) for s in steps]))
 
 
 # -- fitting ---------------------------------------------------------------------------------------
@@ -171,20 +213,20 @@ def fit_link(points: Sequence[Tuple[float, float, float]], method: str, codecs: 
     ring = 2.0 * (ranks - 1) / ranks
     wire_per_byte = float(np.median(x / np.maximum(dense, 1))) if len(pts) else ring
     link = Link(0.0, 0.0, wire_per_byte, method, dict(codecs), ranks)
+    beta, source = None, ""
     if method == "none" and len(pts) >= 4 and x.max() >= 256 * 1024 and x.max() >= 4 * max(x.min(), 1.0):
-        beta, alpha = np.polyfit(x, c, 1)
-        if beta > 0 and alpha >= 0:
-            link.alpha, link.beta, link.source = float(alpha), float(beta), "least squares over the traced buckets"
-            return link
-    beta, source = _calibrated_beta(calibration, ranks)
+        slope = float(np.polyfit(x, c, 1)[0])
+        if slope > 0:
+            beta, source = slope, "least squares over the traced buckets"
+    if beta is None:
+        beta, source = _calibrated_beta(calibration, ranks)
     if beta is None and capacity:
         beta, source = 1.0 / capacity, "the link probe's capacity"
     if beta is None:
         beta, source = 0.0, "nothing (no calibration, no probe): bytes cost nothing in this model"
     link.beta = beta
-    codec = np.array([link.codec_time(method, d) for d in dense])
-    link.alpha = float(max(0.0, np.median(c - np.maximum(beta * x, codec)))) if len(pts) else 0.0
-    link.source = f"beta from {source}; alpha = median of what the traced buckets took beyond it"
+    link.alpha = float(np.mean(link.residuals(dense, x, c))) if len(pts) else 0.0
+    link.source = f"beta from {source}; alpha: the mean of what the traced buckets took beyond it"
     return link
 
 
@@ -218,7 +260,7 @@ def lr_rule(k: int) -> str:
     )
 
 
-def verdict(shapes: Sequence[Sequence[Shape]], link: Link, current: Config) -> Dict[str, Any]:
+def verdict(shapes: Sequence[StepShape], link: Link, current: Config) -> Dict[str, Any]:
     """compute-bound, link-bound or overhead-bound, from the model's counterfactuals."""
     now = predict(shapes, link, current)
     no_comm = predict(shapes, link, replace(current, communicate=False))
@@ -242,44 +284,61 @@ def verdict(shapes: Sequence[Sequence[Shape]], link: Link, current: Config) -> D
             "no_overhead_s": no_overhead, "comm_share": share}
 
 
-def suggestions(shapes: Sequence[Sequence[Shape]], link: Link, current: Config, compression: bool) -> Dict[str, Any]:
-    """Predicted step times of other bucket caps, methods and accumulation steps; the ones that
-    beat the current setting by MIN_GAIN, best first."""
+LOSSINESS = ("none", "fp16", "int8", "int4", "sign", "top1%")  # least lossy first
+
+
+def suggestions(shapes: Sequence[StepShape], link: Link, current: Config, compression: bool) -> Dict[str, Any]:
+    """One suggestion per knob, each with its predicted step time (the table: every method at
+    the caps in use, column "current", and at each cap):
+
+    1. bucket: the cap with the fastest predicted step for the method in use;
+    2. compression (zcoll groups): the least lossy method (LOSSINESS order) whose predicted step,
+       at its best cap, is within MIN_GAIN of the fastest method's; suggested when it beats
+       suggestion 1 (or the current step) by MIN_GAIN;
+    3. accumulation, at the cap of 1 and the method in use: the smallest k of ACCUMULATION whose
+       mean time per micro-batch is within 10% of the step without communication (else the
+       largest), with the learning-rate rule that keeps the larger batch's schedule.
+
+    Each appears only when it predicts a step at least MIN_GAIN faster than the current one."""
     now = predict(shapes, link, current)
     methods = [current.method] + ([m for m in ("none", *link.codecs) if m != current.method] if compression else [])
     table: Dict[str, Dict[str, float]] = {}
     for m in methods:
-        row = {"default": predict(shapes, link, replace(current, method=m))}
+        row = {"current": predict(shapes, link, replace(current, method=m))}
         for mb in CAPS_MB:
             row[str(mb)] = predict(shapes, link, replace(current, method=m, first_cap=mb * MIB, cap=mb * MIB))
         table[m] = row
     out: List[Dict[str, Any]] = []
-    best_cap = min(table[current.method].items(), key=lambda kv: kv[1])
-    if best_cap[1] < now * (1 - MIN_GAIN):
-        out.append({"kind": "bucket", "bucket_cap_mb": _mb(best_cap[0]), "predicted_s": best_cap[1],
-                    "text": f"bucket_cap_mb={best_cap[0]}" if best_cap[0] != "default" else "DDP's default buckets"})
-    for m in methods[1:]:
-        cap, t = min(table[m].items(), key=lambda kv: kv[1])
-        if t < now * (1 - MIN_GAIN):
-            name = link.codecs.get(m, {}).get("constructor", m) if m != "none" else "no compression"
-            out.append({"kind": "compression", "method": m, "bucket_cap_mb": _mb(cap), "predicted_s": t,
-                        "text": f"{name}" + (f" with bucket_cap_mb={cap}" if cap != "default" else "")})
-    cap_mb = _mb(best_cap[0])
+    cap_key, cap_t = min(table[current.method].items(), key=lambda kv: kv[1])
+    cap_mb = _mb(cap_key)
+    if cap_t < now * (1 - MIN_GAIN):
+        out.append({"kind": "bucket", "bucket_cap_mb": cap_mb, "predicted_s": cap_t, "text": f"bucket_cap_mb={cap_key}"})
+    best = {m: min(row.items(), key=lambda kv: kv[1]) for m, row in table.items()}
+    fastest = min(t for _, t in best.values())
+    ranked = sorted(best, key=lambda m: LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS))
+    pick = next(m for m in ranked if best[m][1] <= fastest * (1 + MIN_GAIN))
+    key, t = best[pick]
+    if pick != current.method and t < min(now, cap_t) * (1 - MIN_GAIN):
+        name = link.codecs[pick].get("constructor", pick) if pick != "none" else "no compression"
+        out.append({"kind": "compression", "method": pick, "bucket_cap_mb": _mb(key), "predicted_s": t,
+                    "text": name + (f" with bucket_cap_mb={key}" if key != "current" else ""),
+                    "note": "lossy: error feedback keeps convergence (EF-SGD); check the accuracy"
+                    if pick != "none" else ""})
     base = replace(current, first_cap=cap_mb * MIB, cap=cap_mb * MIB) if cap_mb else current
-    for k in ACCUMULATION:
-        t = predict(shapes, link, replace(base, accumulation=k))
-        if t < now * (1 - MIN_GAIN):
-            out.append({"kind": "accumulation", "steps": k, "bucket_cap_mb": cap_mb, "predicted_s": t,
-                        "text": f"gradient_accumulation_steps={k}" + (f" with bucket_cap_mb={cap_mb}" if cap_mb else "")
-                        + f" (time per micro-batch; {lr_rule(k)})"})
+    quiet = predict(shapes, link, replace(base, communicate=False))
+    acc = {k: predict(shapes, link, replace(base, accumulation=k)) for k in ACCUMULATION}
+    k = next((k for k in ACCUMULATION if acc[k] <= 1.1 * quiet), ACCUMULATION[-1])
+    if acc[k] < now * (1 - MIN_GAIN):
+        out.append({"kind": "accumulation", "steps": k, "bucket_cap_mb": cap_mb, "predicted_s": acc[k],
+                    "text": f"gradient_accumulation_steps={k}" + (f" with bucket_cap_mb={cap_key}" if cap_mb else "")
+                    + " (mean time per micro-batch)", "note": lr_rule(k)})
     for s in out:
         s["speedup"] = now / s["predicted_s"]
-    out.sort(key=lambda s: s["predicted_s"])
-    return {"current_s": now, "table": table, "suggestions": out}
+    return {"current_s": now, "table": table, "suggestions": out, "accumulation": acc}
 
 
 def _mb(key: str) -> Optional[float]:
-    if key == "default":
+    if key == "current":
         return None
     v = float(key)
     return int(v) if v.is_integer() else v

@@ -11,14 +11,16 @@
    (compute phases, communication per bucket, bucket-ready marks) on rank 0's clock.
 
 Definitions: a step runs from the end of the previous step's last phase to the end of its own;
-a bucket's wait is the part of its communication after both the backward pass and the previous
-bucket ended (the waits sum to the exposed communication); a step's slowest rank is the one with
-the longest step minus sync.
+its time is the mean over ranks. Communication: the buckets' time on the worker, start to end.
+Exposed communication: from the end of the backward pass to the end of the last bucket (the
+step waits for it; hand-over gaps included). Overlap: the share of communication time that ran
+while the backward pass was still computing. A bucket's wait: the part of the exposed time after
+both the backward pass and the previous bucket ended (the waits sum to the exposed time). A
+step's slowest rank: the one with the longest step minus sync (the others waited for it).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -39,11 +41,13 @@ class StepFigures:
     phases: Dict[str, float]
     other: float
     comm: float  # sum of the buckets' communication time
-    exposed: float  # communication after the backward pass ended
+    exposed: float  # from the end of the backward pass to the end of the last bucket
+    hidden: float  # communication time before the backward pass ended
     wire: float  # bytes this rank sent
     dense: float  # gradient bytes in the buckets
     buckets: List[Dict[str, Any]]  # per bucket: index, bytes, wire, ready/start/end (s after backward start), ...
     backward_end: float  # after backward start
+    backward_start: float  # on rank 0's clock (ns)
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Analysis:
     slowest: List[int]  # per analysed step: the rank with the most busy time
     link_capacity: Optional[float]
     clocks: List[Dict[str, Any]]
-    shapes: List[List[sm.Shape]] = field(default_factory=list)  # [rank][step]
+    shapes: List[sm.StepShape] = field(default_factory=list)
     link: Optional[sm.Link] = None
     current: Optional[sm.Config] = None
     verdict: Dict[str, Any] = field(default_factory=dict)
@@ -80,12 +84,13 @@ class Analysis:
             "ranks": self.ranks,
             "steps_analysed": len(self.steps),
             "step_s": step,
+            "mean_step_s": float(np.mean(self.step_time)),
             "model_step_s": self.verdict["model_s"],
             "verdict": self.verdict["label"],
             "reason": self.verdict["reason"],
             "comm_s": comm,
             "exposed_s": exposed,
-            "overlap": [1 - e / c if c > 0 else 1.0 for c, e in zip(comm, exposed)],
+            "overlap": [self.overlap(r) for r in range(self.ranks)],
             "achieved_Bps": [self.achieved(r) for r in range(self.ranks)],
             "link_capacity_Bps": self.link_capacity,
             "slowest_rank_counts": [self.slowest.count(r) for r in range(self.ranks)],
@@ -95,6 +100,10 @@ class Analysis:
             "predictions": self.advice["table"],
             "suggested_bucket_cap_mb": best_bucket["bucket_cap_mb"] if best_bucket else None,
         }
+
+    def overlap(self, rank: int) -> float:
+        comm = sum(s.comm for s in self.per_rank[rank])
+        return sum(s.hidden for s in self.per_rank[rank]) / comm if comm > 0 else 1.0
 
     def achieved(self, rank: int) -> float:
         wire = sum(s.wire for s in self.per_rank[rank])
@@ -113,31 +122,33 @@ def _complete(step: Dict[str, Any]) -> bool:
         b["end"] is not None and b["issued"] is not None for b in step["buckets"])
 
 
-def _figures(step: Dict[str, Any], prev_end: int, ranks: int, codecs: Dict[str, Any]) -> StepFigures:
+def _figures(step: Dict[str, Any], prev_end: int, ranks: int, codecs: Dict[str, Any], to_rank0: Any) -> StepFigures:
+    """One step of one rank; bucket times in seconds after its backward start (and start_g /
+    end_g on rank 0's clock, ns)."""
     ns = 1e-9
     ph = step["phases"]
-    t_end = _end(step)
     b0, b1 = ph["backward"]
     phases = {k: (v[1] - v[0]) * ns for k, v in ph.items() if v[1] is not None}
-    duration = (t_end - prev_end) * ns
+    duration = (_end(step) - prev_end) * ns
     ring = 2.0 * (ranks - 1) / ranks
-    buckets, last_end = [], None
+    codec_of = sm.Link(0, 0, 0, "", codecs, ranks).codec_time
+    buckets, last_end, hidden = [], None, 0.0
     for b in sorted(step["buckets"], key=lambda b: b["ready"]):
         start = b["start"] if b["start"] is not None else max(b["issued"], last_end or b["issued"])
-        wire = b["wire"] if b["wire"] else b["bytes"] * ring
-        codec = sm.Link(0, 0, 0, "", codecs, ranks).codec_time(b["method"], b["bytes"]) if b["method"] != "none" else 0.0
         waited = max(0, b["end"] - max(b1, last_end or b1)) * ns
-        buckets.append({"index": b["index"], "bytes": b["bytes"], "wire": wire, "method": b["method"],
-                        "ready": (b["ready"] - b0) * ns, "issued": (b["issued"] - b0) * ns,
+        hidden += max(0, min(b["end"], b1) - start) * ns
+        buckets.append({"index": b["index"], "bytes": b["bytes"], "wire": b["wire"] or b["bytes"] * ring,
+                        "method": b["method"], "ready": (b["ready"] - b0) * ns, "issued": (b["issued"] - b0) * ns,
                         "start": (start - b0) * ns, "end": (b["end"] - b0) * ns,
                         "after_prev": (start - last_end) * ns if last_end is not None else None,
-                        "comm": (b["end"] - start) * ns, "codec": codec, "waited": waited,
-                        "measured_start": b["start"] is not None})
+                        "comm": (b["end"] - start) * ns, "codec": codec_of(b["method"], b["bytes"]),
+                        "waited": waited, "measured_start": b["start"] is not None,
+                        "start_g": to_rank0(start), "end_g": to_rank0(b["end"]), "issued_g": to_rank0(b["issued"])})
         last_end = b["end"] if last_end is None else max(last_end, b["end"])
-    comm = sum(b["comm"] for b in buckets)
-    exposed = sum(b["waited"] for b in buckets)
-    return StepFigures(step["step"], duration, phases, duration - sum(phases.values()), comm, exposed,
-                       sum(b["wire"] for b in buckets), sum(b["bytes"] for b in buckets), buckets, (b1 - b0) * ns)
+    exposed = max(0, last_end - b1) * ns if buckets else 0.0
+    return StepFigures(step["step"], duration, phases, duration - sum(phases.values()), sum(b["comm"] for b in buckets),
+                       exposed, hidden, sum(b["wire"] for b in buckets), sum(b["bytes"] for b in buckets), buckets,
+                       (b1 - b0) * ns, to_rank0(b0))
 
 
 def _bucket_params(steps: List[Dict[str, Any]], last: int) -> Dict[int, List[int]]:
@@ -152,45 +163,41 @@ def _bucket_params(steps: List[Dict[str, Any]], last: int) -> Dict[int, List[int
     return params
 
 
-def _shapes(figs: List[StepFigures], params: Dict[int, List[int]]) -> List[sm.Shape]:
-    """The model's view of each analysed step of one rank (steps without communication, e.g.
-    accumulation micro-steps, give the quiet step time only)."""
-    med = statistics.median
-    quiet = [f.duration for f in figs if not f.buckets]
-    sync = [f for f in figs if f.buckets] or figs
-    counts = [len(f.buckets) for f in sync]
-    modal = max(set(counts), key=counts.count)
-    sync = [f for f in sync if len(f.buckets) == modal]
-    last = sync[-1].buckets
-    stream: List[int] = []
-    for b in last:
-        stream += params.get(b["index"]) or [b["bytes"]]
-    stream_t = tuple(stream)
-    cum = list(np.cumsum([b["bytes"] for b in last], dtype=float))
-    h_idle, h_busy = [], []
-    for f in sync:
-        for b in f.buckets:
-            if not b["measured_start"]:
-                continue
-            if b["after_prev"] is None or b["after_prev"] >= b["start"] - b["issued"]:
-                h_idle.append(b["start"] - b["issued"])
-            else:
-                h_busy.append(b["after_prev"])
-    h_idle_m, h_busy_m = (med(h_idle) if h_idle else 0.0), (med(h_busy) if h_busy else 0.0)
-    out = []
-    for f in sync:
-        hooks, tau, etas = 0.0, [], []
-        for b in f.buckets:
-            tau.append(b["ready"] - hooks)
-            etas.append(b["issued"] - b["ready"])
-            hooks += etas[-1]
-        out.append(sm.Shape(
-            step=f.duration, other=f.duration - f.phases["backward"] - f.phases["sync"],
-            optimizer=f.phases.get("optimizer", 0.0), tau_end=f.backward_end - hooks,
-            eta=med(etas) if etas else 0.0, ready_tau=tau, ready_bytes=cum, params=stream_t,
-            h_idle=h_idle_m, h_busy=h_busy_m, finalize=max(0.0, f.phases["sync"] - f.exposed),
-            quiet_step=med(quiet) if quiet else None))
-    return out
+def _collectives(figs: List[StepFigures]) -> Optional[Dict[str, List[float]]]:
+    """The collectives of one step (figs: every rank's), on rank 0's clock: per bucket its own
+    time, from the last rank's start to the first rank's end (a late rank's delay is not the
+    collective's cost), and, where every rank had handed the bucket over before the previous
+    collective ended, the gap from that end to this start. None when the ranks' buckets differ."""
+    n = len(figs[0].buckets)
+    if n == 0 or any(len(f.buckets) != n for f in figs):
+        return None
+    calls, gaps, prev_end = [], [], None
+    for j in range(n):
+        start = max(f.buckets[j]["start_g"] for f in figs)
+        end = min(f.buckets[j]["end_g"] for f in figs)
+        handed = max(f.buckets[j]["issued_g"] for f in figs)
+        calls.append(max(0.0, end - start) * 1e-9)
+        if prev_end is not None and handed <= prev_end:
+            gaps.append(max(0.0, start - prev_end) * 1e-9)
+        prev_end = end
+    return {"calls": calls, "gaps": gaps}
+
+
+def _shape(f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet: Optional[float]) -> sm.Shape:
+    """The model's view of one step of one rank."""
+    hooks, tau, etas, idle = 0.0, [], [], []
+    for b in f.buckets:
+        tau.append(b["ready"] - hooks)
+        etas.append(b["issued"] - b["ready"])
+        hooks += etas[-1]
+        if b["measured_start"] and (b["after_prev"] is None or b["after_prev"] >= b["start"] - b["issued"]):
+            idle.append(b["start"] - b["issued"])  # its worker was idle: the wake-up
+    return sm.Shape(
+        step=f.duration, other=f.duration - f.phases["backward"] - f.phases["sync"],
+        optimizer=f.phases.get("optimizer", 0.0), offset=offset, tau_end=f.backward_end - hooks,
+        eta=float(np.mean(etas)) if etas else 0.0, ready_tau=tau, ready_bytes=cum, params=stream,
+        h_idle=float(np.mean(idle)) if idle else 0.0, finalize=max(0.0, f.phases["sync"] - f.exposed),
+        quiet_step=quiet)
 
 
 def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
@@ -213,10 +220,12 @@ def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
                 f"model {mid} ({model['name']}): no step after the first {warmup} was recorded completely on every "
                 "rank; profile more steps (forward, backward and the gradient sync must all run)"
             )
-        per_rank = []
-        for m in per_doc:
+        per_rank, maps = [], clock_maps(docs)
+        for r, m in enumerate(per_doc):
             by_step = {s["step"]: i for i, s in enumerate(m["steps"])}
-            figs = [_figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs) for k in chosen]
+            to_rank0 = maps[r]
+            figs = [_figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs, to_rank0)
+                    for k in chosen]
             per_rank.append(figs)
         step_time = [float(np.mean([per_rank[r][i].duration for r in range(ranks)])) for i in range(len(chosen))]
         slowest = [max(range(ranks), key=lambda r: per_rank[r][i].duration - per_rank[r][i].phases["sync"])
@@ -230,23 +239,38 @@ def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
 
 
 def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> None:
+    """The model's constants and replayable steps, then the verdict and the suggestions."""
     method = a.model.get("compression") or "none"
-    shapes, points = [], []
-    for r, figs in enumerate(a.per_rank):
-        shapes.append(_shapes(figs, _bucket_params(per_doc[r]["steps"], a.steps[-1])))
-        for f in figs:
-            points += [(b["bytes"], b["wire"], b["comm"]) for b in f.buckets]
-    n = min(len(s) for s in shapes)  # ranks agree on which steps communicate
-    shapes = [s[:n] for s in shapes]
     used = {b["method"] for figs in a.per_rank for f in figs for b in f.buckets}
     if len(used) == 1:
         method = used.pop()
-    a.shapes = shapes
+    steps = [[a.per_rank[r][i] for r in range(a.ranks)] for i in range(len(a.steps))]
+    joint = [_collectives(figs) for figs in steps]
+    points = [(b["bytes"], b["wire"], c) for figs, j in zip(steps, joint) if j
+              for b, c in zip(figs[0].buckets, j["calls"])]
     a.link = sm.fit_link(points, method, codecs, a.ranks, a.model.get("calibration"), a.link_capacity)
+    streams = []
+    for r in range(a.ranks):
+        params = _bucket_params(per_doc[r]["steps"], a.steps[-1])
+        last = next((f.buckets for f in reversed(a.per_rank[r]) if f.buckets), [])
+        stream = [size for b in last for size in (params.get(b["index"]) or [b["bytes"]])]
+        quiet = [f.duration for f in a.per_rank[r] if not f.buckets]
+        streams.append((tuple(stream), list(np.cumsum([b["bytes"] for b in last], dtype=float)),
+                        float(np.median(quiet)) if quiet else None))
+    modal = max((len(f.buckets) for f in a.per_rank[0]), key=[len(f.buckets) for f in a.per_rank[0]].count)
+    for figs, j in zip(steps, joint):
+        if j is None or len(j["calls"]) != modal:
+            continue  # steps without communication (accumulation) enter through quiet_step
+        bk = figs[0].buckets
+        alpha = a.link.residuals([b["bytes"] for b in bk], [b["wire"] for b in bk], j["calls"])
+        ranks = [_shape(f, streams[r][0], streams[r][1], (f.backward_start - figs[0].backward_start) * 1e-9,
+                        streams[r][2]) for r, f in enumerate(figs)]
+        a.shapes.append(sm.StepShape(ranks, float(np.mean(alpha)), float(np.mean(j["gaps"])) if j["gaps"] else 0.0))
+    if not a.shapes:
+        raise ValueError(f"model {a.model['id']} ({a.model['name']}): no analysed step communicated on every rank")
     a.current = sm.Config(a.model["first_bucket_cap_bytes"], a.model["bucket_cap_bytes"], method)
-    a.verdict = sm.verdict(shapes, a.link, a.current)
-    compression = a.model["backend"] == "zcoll"
-    a.advice = sm.suggestions(shapes, a.link, a.current, compression)
+    a.verdict = sm.verdict(a.shapes, a.link, a.current)
+    a.advice = sm.suggestions(a.shapes, a.link, a.current, compression=a.model["backend"] == "zcoll")
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -291,9 +315,7 @@ def _text_one(a: Analysis, where: str) -> List[str]:
                                                                   ("  exposed", "exposed")]
     for label, key in rows:
         L.append(f"  {label:<20}" + "".join(f"{_ms(a.median(r, key)):>10}" for r in R))
-    L.append(f"  {'overlap %':<20}" + "".join(
-        f"{100 * (1 - a.median(r, 'exposed') / a.median(r, 'comm')) if a.median(r, 'comm') > 0 else 100:>10.0f}"
-        for r in R))
+    L.append(f"  {'overlap %':<20}" + "".join(f"{100 * a.overlap(r):>10.0f}" for r in R))
     L.append(f"  {'sent MB':<20}" + "".join(f"{a.median(r, 'wire') / 1e6:>10.2f}" for r in R))
     L.append(f"  {'achieved':<20}" + "".join(f"{_rate(a.achieved(r)):>10}" for r in R))
     cap = a.link_capacity
@@ -321,7 +343,7 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append("")
     L.append(f"VERDICT: {v['label'].upper()}: {v['reason']}")
     L.append(f"  model: alpha {link.alpha * 1e6:.0f} us per call, {1 / link.beta / 1e6 if link.beta else float('inf'):.1f} MB/s "
-             f"per rank on the wire ({link.source}); per-bucket hook {np.median([s.eta for s in a.shapes[0]]) * 1e6:.0f} us")
+             f"per rank on the wire ({link.source}); per-bucket hook {np.median([r.eta for s in a.shapes for r in s.ranks]) * 1e6:.0f} us")
     measured = float(np.median(a.step_time))
     L.append(f"  model check: {_ms(v['model_s'])} ms predicted for the current setting, {_ms(measured)} ms measured "
              f"({100 * (v['model_s'] / measured - 1):+.0f}%)")
@@ -331,11 +353,13 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append("")
     sug = a.advice["suggestions"]
     if not sug:
-        L.append("SUGGESTIONS: none predicts a step more than 5% faster; keep the current setting.")
+        L.append(f"SUGGESTIONS: none predicts a step more than {sm.MIN_GAIN:.0%} faster; keep the current setting.")
     else:
         L.append("SUGGESTIONS (predicted step time, speed-up over the model's current step):")
-        for i, s in enumerate(sug, 1):
-            L.append(f"  {i}. {s['text']}: {_ms(s['predicted_s'])} ms ({s['speedup']:.2f}x)")
+        for s in sug:
+            L.append(f"  {s['kind']:<13} {s['text']}: {_ms(s['predicted_s'])} ms ({s['speedup']:.2f}x)")
+            if s.get("note"):
+                L.append(f"  {'':<13} {s['note']}")
     L.append("")
     L.append("predicted step time (ms) by method and bucket cap (MiB):")
     table = a.advice["table"]
@@ -343,6 +367,9 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append(f"  {'method':<10}" + "".join(f"{k:>9}" for k in keys))
     for meth, row in table.items():
         L.append(f"  {meth[:10]:<10}" + "".join(f"{_ms(row[k]):>9}" for k in keys))
+    acc = a.advice["accumulation"]
+    L.append("gradient accumulation (mean ms per micro-batch): "
+             + ", ".join(f"k={k}: {_ms(t)}" for k, t in acc.items()))
     return L
 
 

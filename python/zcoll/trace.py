@@ -379,10 +379,17 @@ def chrome_trace(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
                     span(r, prefix + "step", f"step {step['step']}", t0, t1, {"step": step["step"]})
                 for name, (t0, t1) in sorted(phases.items(), key=lambda kv: kv[1][0]):
                     span(r, prefix + "compute", name, t0, t1, {"step": step["step"]})
-                for b in step["buckets"]:
+                prev_end = None
+                for b in sorted(step["buckets"], key=lambda b: b["ready"]):
+                    if b["end"] is None or b["issued"] is None:
+                        continue
+                    # a hook that reports no start (timed_hook): its worker's previous end or the hand-over
+                    start = b["start"] if b["start"] is not None else max(b["issued"], prev_end or b["issued"])
+                    prev_end = b["end"] if prev_end is None else max(prev_end, b["end"])
                     args = {k: v for k, v in b.items() if k not in ("ready", "issued", "start", "end", "params")}
                     args["step"] = step["step"]
-                    span(r, prefix + "communication", f"bucket {b['index']}", b["start"], b["end"], args)
+                    args["start_inferred"] = b["start"] is None
+                    span(r, prefix + "communication", f"bucket {b['index']}", start, b["end"], args)
                     m = maps[r]
                     raw.append({"name": f"bucket {b['index']} ready", "ph": "i", "s": "t", "pid": r,
                                 "tid": tid(r, prefix + "buckets"), "ts": m(b["ready"]),

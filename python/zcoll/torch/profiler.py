@@ -67,14 +67,24 @@ active: Optional["ModelTracer"] = None
 
 _traced: "weakref.WeakSet[DDP]" = weakref.WeakSet()
 
-# Compressors timed for the predictions: name -> (how the report spells it, a stateless instance).
+# The compressors the report predicts for: name -> (how the report spells it, constructor).
 CANDIDATE_CODECS: Dict[str, tuple] = {
-    "fp16": ("zcoll.HalfPrecision('fp16')", lambda z: z.HalfPrecision("fp16")),
-    "int8": ("zcoll.GradientQuantizer(bits=8)", lambda z: z.GradientQuantizer(bits=8, error_feedback=False)),
-    "int4": ("zcoll.GradientQuantizer(bits=4)", lambda z: z.GradientQuantizer(bits=4, error_feedback=False)),
-    "sign": ("zcoll.GradientQuantizer(bits=1)", lambda z: z.GradientQuantizer(bits=1, error_feedback=False)),
-    "top1%": ("zcoll.TopK(ratio=0.01)", lambda z: z.TopK(ratio=0.01, error_feedback=False)),
+    "fp16": ("zcoll.HalfPrecision('fp16')", lambda z, ef: z.HalfPrecision("fp16", error_feedback=ef)),
+    "int8": ("zcoll.GradientQuantizer(bits=8)", lambda z, ef: z.GradientQuantizer(bits=8, error_feedback=ef)),
+    "int4": ("zcoll.GradientQuantizer(bits=4)", lambda z, ef: z.GradientQuantizer(bits=4, error_feedback=ef)),
+    "sign": ("zcoll.GradientQuantizer(bits=1)", lambda z, ef: z.GradientQuantizer(bits=1, error_feedback=ef)),
+    "top1%": ("zcoll.TopK(ratio=0.01)", lambda z, ef: z.TopK(ratio=0.01, error_feedback=ef)),
 }
+
+
+def compressor(method: str) -> Any:
+    """The compressor a report's suggestion names ("int8", "top1%", ...), error feedback on
+    (off for fp16, as HalfPrecision's default), ready for ``apply_gradient_compression``."""
+    import zcoll
+
+    if method not in CANDIDATE_CODECS:
+        raise ValueError(f"unknown compression method {method!r}; known: {', '.join(CANDIDATE_CODECS)}")
+    return CANDIDATE_CODECS[method][1](zcoll, method != "fp16")
 CODEC_SAMPLE_ELEMENTS = 1 << 20
 MAX_ENV_STEPS = 500  # steps ZCOLL_TRACE records per model
 
@@ -133,6 +143,7 @@ class ModelTracer:
 
     # -- attach / detach -----------------------------------------------------------------------
     def attach(self) -> None:
+        self._last_end = None  # the first step after a pause has no data phase
         d = self.ddp
         self._handles += [d.register_forward_pre_hook(self._pre_forward), d.register_forward_hook(self._post_forward)]
         if self.optimizer is not None:
@@ -334,7 +345,7 @@ class ModelTracer:
         out = torch.empty_like(x)
         codecs: Dict[str, Any] = {}
         for name, (spelling, make) in CANDIDATE_CODECS.items():
-            codecs[name] = dict(_time_codec(make(zcoll), x, out), constructor=spelling)
+            codecs[name] = dict(_time_codec(make(zcoll, False), x, out), constructor=spelling)
         for name, c in self._compressors.items():  # the ones the model used
             codecs[name] = _time_codec(c, x, out, stateless_copy=True)
         self.model["codecs"] = codecs
@@ -396,10 +407,17 @@ def describe(ddp: DDP) -> Dict[str, Any]:
 
 
 # -- comm hooks for models without one ------------------------------------------------------------
+_HOOK_ANNOTATIONS = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+
 def _average(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default: the sum over the group, then divided by its size."""
     buf, size = bucket.buffer(), state.size()
     fut = dist.all_reduce(buf, group=state, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].div_(size))
+
+
+_average.__annotations__ = _HOOK_ANNOTATIONS
 
 
 def timed_hook(hook: Callable) -> Callable:
@@ -417,6 +435,7 @@ def timed_hook(hook: Callable) -> Callable:
 
     timed.__name__ = f"timed_{getattr(hook, '__name__', 'hook')}"
     timed.__qualname__ = timed.__name__
+    timed.__annotations__ = _HOOK_ANNOTATIONS  # DDP checks them (this module's are strings)
     return timed
 
 
