@@ -92,8 +92,8 @@ def run(args, directory, cap_mb, method=None, accumulation=1):
     for i in range(args.warmup):
         step(i)
     steps = args.steps + 3  # the profiler's own warm-up (DDP rebuilds its buckets after step 0)
-    if accumulation > 1:
-        steps += -steps % accumulation
+    if accumulation > 1:  # enough updates for a median of the communicating steps
+        steps = max(steps, 3 + 8 * accumulation)
     with zcoll.torch.profile(ddp, directory, steps=steps) as prof:
         for i in range(steps):
             step(i)
@@ -126,7 +126,9 @@ def main(argv=None):
             continue
         new_cap = s["bucket_cap_mb"] if s["bucket_cap_mb"] is not None else cap  # None: keep the caps
         b = run(args, os.path.join(root, kind), new_cap, method=s.get("method"), accumulation=s.get("steps", 1))
-        measured = b["mean_step_s"] if kind == "accumulation" else b["step_s"]
+        if "error" in b:
+            raise RuntimeError(f"the {kind} run could not be analysed: {b['error']}")
+        measured = b.get("micro_batch_s", b["step_s"]) if kind == "accumulation" else b["step_s"]
         err = measured / s["predicted_s"] - 1
         say(f"  followed {kind} ({s['text'][:80]}): measured {measured * 1e3:.2f} ms, predicted "
             f"{s['predicted_s'] * 1e3:.2f} ms ({err:+.1%})")

@@ -174,8 +174,9 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
     """Predicted time of one traced step under cfg, its buckets planned by _plan (seconds): the
     mean over ranks."""
     ranks = step.ranks
+    k = cfg.accumulation
     if not cfg.communicate:
-        return float(np.mean([s.other + s.tau_end for s in ranks]))
+        return sum(((k - 1) * s.quiet() + s.other + s.tau_end) / k for s in ranks) / len(ranks)
     ovh = cfg.overhead_scale
     ends, cost = plan
     n = len(ends)
@@ -191,10 +192,8 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
         backward = s.tau_end + n * s.eta * ovh
         exposed = max(0.0, end - s.offset - backward) if n else 0.0
         t = s.other + backward + exposed + s.finalize * ovh
-        if cfg.accumulation > 1:
-            t = ((cfg.accumulation - 1) * s.quiet() + t) / cfg.accumulation
-        times.append(t)
-    return float(np.mean(times))
+        times.append(((k - 1) * s.quiet() + t) / k)
+    return sum(times) / len(times)
 
 
 def predict(steps: Sequence[StepShape], link: Link, cfg: Config) -> float:

@@ -85,6 +85,7 @@ class Analysis:
             "steps_analysed": len(self.steps),
             "step_s": step,
             "mean_step_s": float(np.mean(self.step_time)),
+            **self.accumulation_figures(),
             "model_step_s": self.verdict["model_s"],
             "verdict": self.verdict["label"],
             "reason": self.verdict["reason"],
@@ -100,6 +101,24 @@ class Analysis:
             "predictions": self.advice["table"],
             "suggested_bucket_cap_mb": best_bucket["bucket_cap_mb"] if best_bucket else None,
         }
+
+    def measured(self) -> float:
+        """The measured step time the model's current prediction answers: the median step, or
+        with gradient accumulation the mean time per micro-batch."""
+        return self.accumulation_figures().get("micro_batch_s", float(np.median(self.step_time)))
+
+    def accumulation_figures(self) -> Dict[str, Any]:
+        """With gradient accumulation (steps without communication in between): the median
+        step with and without communication, the steps per update, and the mean time per
+        micro-batch from those ((k - 1) quiet + 1 communicating) / k."""
+        sync = [t for t, f in zip(self.step_time, self.per_rank[0]) if f.buckets]
+        quiet = [t for t, f in zip(self.step_time, self.per_rank[0]) if not f.buckets]
+        if not quiet or not sync:
+            return {}
+        at = [f.step for f in self.per_rank[0] if f.buckets]
+        k = int(np.median(np.diff(at))) if len(at) > 1 else round(len(self.step_time) / len(sync))
+        q, s = float(np.median(quiet)), float(np.median(sync))
+        return {"accumulation_steps": k, "quiet_step_s": q, "sync_step_s": s, "micro_batch_s": ((k - 1) * q + s) / k}
 
     def overlap(self, rank: int) -> float:
         comm = sum(s.comm for s in self.per_rank[rank])
@@ -257,7 +276,8 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
         quiet = [f.duration for f in a.per_rank[r] if not f.buckets]
         streams.append((tuple(stream), list(np.cumsum([b["bytes"] for b in last], dtype=float)),
                         float(np.median(quiet)) if quiet else None))
-    modal = max((len(f.buckets) for f in a.per_rank[0]), key=[len(f.buckets) for f in a.per_rank[0]].count)
+    counts = [len(f.buckets) for f in a.per_rank[0] if f.buckets]
+    modal = max(set(counts), key=counts.count) if counts else 0
     for figs, j in zip(steps, joint):
         if j is None or len(j["calls"]) != modal:
             continue  # steps without communication (accumulation) enter through quiet_step
@@ -268,7 +288,8 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
         a.shapes.append(sm.StepShape(ranks, float(np.mean(alpha)), float(np.mean(j["gaps"])) if j["gaps"] else 0.0))
     if not a.shapes:
         raise ValueError(f"model {a.model['id']} ({a.model['name']}): no analysed step communicated on every rank")
-    a.current = sm.Config(a.model["first_bucket_cap_bytes"], a.model["bucket_cap_bytes"], method)
+    k = a.accumulation_figures().get("accumulation_steps", 1)
+    a.current = sm.Config(a.model["first_bucket_cap_bytes"], a.model["bucket_cap_bytes"], method, accumulation=k)
     a.verdict = sm.verdict(a.shapes, a.link, a.current)
     a.advice = sm.suggestions(a.shapes, a.link, a.current, compression=a.model["backend"] == "zcoll")
 
@@ -325,10 +346,15 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append("slowest rank (most busy time): " + ", ".join(f"rank {r} in {counts[r]}/{len(a.slowest)} steps" for r in R))
     L.append(f"step time (mean over ranks): median {_ms(float(np.median(a.step_time)))} ms, "
              f"min {_ms(min(a.step_time))}, max {_ms(max(a.step_time))}")
+    acc = a.accumulation_figures()
+    if acc:
+        L.append(f"gradient accumulation: {acc['accumulation_steps']} micro-batches per update; median step "
+                 f"{_ms(acc['sync_step_s'])} ms with communication, {_ms(acc['quiet_step_s'])} ms without: "
+                 f"{_ms(acc['micro_batch_s'])} ms per micro-batch")
     L.append("")
     L.append("buckets, rank 0, median (ms after the backward pass started; codec time estimated from the kernel rates)")
     L.append(f"  {'index':>5} {'MB':>8} {'sent MB':>8} {'ready':>8} {'start':>8} {'end':>8} {'comm':>8} {'codec':>8} {'waited':>8}")
-    figs = a.per_rank[0]
+    figs = [f for f in a.per_rank[0] if f.buckets] or a.per_rank[0]
     nb = min(len(f.buckets) for f in figs)
     for i in range(nb):
         def med(k: str) -> float:
@@ -344,7 +370,7 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append(f"VERDICT: {v['label'].upper()}: {v['reason']}")
     L.append(f"  model: alpha {link.alpha * 1e6:.0f} us per call, {1 / link.beta / 1e6 if link.beta else float('inf'):.1f} MB/s "
              f"per rank on the wire ({link.source}); per-bucket hook {np.median([r.eta for s in a.shapes for r in s.ranks]) * 1e6:.0f} us")
-    measured = float(np.median(a.step_time))
+    measured = a.measured()
     L.append(f"  model check: {_ms(v['model_s'])} ms predicted for the current setting, {_ms(measured)} ms measured "
              f"({100 * (v['model_s'] / measured - 1):+.0f}%)")
     L.append(f"  without communication {_ms(v['no_comm_s'])} ms; infinitely fast link {_ms(v['fast_link_s'])} ms; "
