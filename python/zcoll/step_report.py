@@ -268,16 +268,16 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
     points = [(b["bytes"], b["wire"], c) for figs, j in zip(steps, joint) if j
               for b, c in zip(figs[0].buckets, j["calls"])]
     a.link = sm.fit_link(points, method, codecs, a.ranks, a.model.get("calibration"), a.link_capacity)
-    streams = []
+    counts = [len(f.buckets) for f in a.per_rank[0] if f.buckets]
+    modal = max(set(counts), key=counts.count) if counts else 0
+    streams = []  # per rank: the gradient stream, as the last step with the usual buckets had it
     for r in range(a.ranks):
         params = _bucket_params(per_doc[r]["steps"], a.steps[-1])
-        last = next((f.buckets for f in reversed(a.per_rank[r]) if f.buckets), [])
+        last = next((f.buckets for f in reversed(a.per_rank[r]) if len(f.buckets) == modal), [])
         stream = [size for b in last for size in (params.get(b["index"]) or [b["bytes"]])]
         quiet = [f.duration for f in a.per_rank[r] if not f.buckets]
         streams.append((tuple(stream), list(np.cumsum([b["bytes"] for b in last], dtype=float)),
                         float(np.median(quiet)) if quiet else None))
-    counts = [len(f.buckets) for f in a.per_rank[0] if f.buckets]
-    modal = max(set(counts), key=counts.count) if counts else 0
     for figs, j in zip(steps, joint):
         if j is None or len(j["calls"]) != modal:
             continue  # steps without communication (accumulation) enter through quiet_step

@@ -121,37 +121,55 @@ def case_clock_offsets_within_half_the_round_trip(ck: Checks):
 
 
 def case_skewed_and_drifting_clocks_are_aligned(ck: Checks):
-    """Rank r's clock runs r x 7 s ahead and 1% fast: the merged trace puts instants taken right
-    after a barrier together (within 1 ms), which neither the raw times nor the start offset
-    alone would (7 s; 1% of the session, > 2 ms)."""
+    """Rank r's clock runs r x 7 s ahead and 5% fast. Mapped to rank 0's clock, messages still
+    arrive after they were sent, both ways, to within the measured round trip; the raw times
+    (7 s) or the start offset alone (5% of the session, tens of ms) would break that."""
     d = shared_dir()
     base = time.perf_counter_ns()
     skew = R * 7_000_000_000
 
     def clock():
-        t = time.perf_counter_ns() - base
-        return base + skew + int(t * (1 + 0.01 * R))
+        return base + skew + int((time.perf_counter_ns() - base) * (1 + 0.05 * R))
 
     session = trace.Session(d, WORLD, clock=clock, probe_bytes=0)
-    rec = session.recorder
-    for i in range(10):
-        WORLD.Barrier()
-        rec.instant(f"mark {i}", lane="marks")
-        time.sleep(0.03)
+    pairs, buf = [], np.zeros(1, dtype=np.int64)
+    for i in range(12):  # ping-pong between rank 0 and the others, with each side's times
+        time.sleep(0.05)
+        for r in range(1, N):
+            if R == r:
+                sent = clock()
+                WORLD.Send(buf, dest=0, tag=5)
+                WORLD.Recv(buf, source=0, tag=6)
+                pairs.append((sent, clock(), int(buf[0])))  # mine sent, mine received, rank 0's sent
+            elif R == 0:
+                WORLD.Recv(buf, source=r, tag=5)
+                received = clock()
+                buf[0] = clock()
+                WORLD.Send(buf, dest=r, tag=6)
+                pairs.append((r, received))
     session.finish()
-    off = rec.meta["clock"]["start"]["offset_ns"]
-    ck.check(abs(off + skew) <= rec.meta["clock"]["start"]["rtt_ns"] // 2 + 1000 + R * 1_000_000,
-             "offset recovers the skew", f"measured {off}, skew {skew}")
+    c = session.recorder.meta["clock"]
+    for at in ("start", "end"):  # the true offset at local time L: T - L, where L = clock() at T
+        L = c[at]["local_ns"]
+        true = base + (L - base - skew) / (1 + 0.05 * R) - L
+        ck.check(abs(c[at]["offset_ns"] - true) <= c[at]["rtt_ns"] // 2 + 1000, "offset recovers skew and drift",
+                 f"{at}: measured {c[at]['offset_ns']}, true {true:.0f}")
+    every = WORLD.gather((c, pairs), root=0)
     if R == 0:
-        docs = trace.load(d)
-        chrome = trace.chrome_trace(docs)
-        ck.check(not validate(chrome), "valid", "; ".join(validate(chrome)[:3]))
-        ts = {}
-        for e in chrome["traceEvents"]:
-            if e["name"].startswith("mark"):
-                ts.setdefault(e["name"], {})[e["pid"]] = e["ts"]
-        spread = [max(v.values()) - min(v.values()) for v in ts.values()]
-        ck.check(len(spread) == 10 and float(np.median(spread)) < 1000.0, "aligned marks (us)", f"{spread}")
+        received_at = {}
+        for r_, t in every[0][1]:
+            received_at.setdefault(r_, []).append(t)
+        for r in range(1, N):
+            clock_r, pairs_r = every[r]
+            m = trace.ClockMap(clock_r)
+            tol = max(clock_r["start"]["rtt_ns"], clock_r["end"]["rtt_ns"])
+            for (sent, got, root_sent), root_got in zip(pairs_r, received_at[r]):
+                ck.check(m(sent) <= root_got + tol and m(got) >= root_sent - tol, "causal after mapping",
+                         f"rank {r}: sent {m(sent) - root_got:.0f} ns after rank 0 received; received "
+                         f"{root_sent - m(got):.0f} ns before rank 0 sent (tolerance {tol} ns)")
+            drift = trace.ClockMap({"start": clock_r["start"]})  # the start offset alone
+            late = max(drift(sent) - root_got for (sent, _, _), root_got in zip(pairs_r, received_at[r]))
+            ck.check(late > tol, "the drift matters here", f"{late} <= {tol}")
 
 
 def case_torch_profiler_sees_the_spans(ck: Checks):

@@ -228,10 +228,13 @@ class ModelTracer:
         Variable._execution_engine.queue_callback(self._synced)
 
     def _synced(self) -> None:
+        global active
         cur = self.cur
         if cur is not None and "sync" in cur["phases"]:
             cur["phases"]["sync"][1] = self.now()
         self._close("sync")
+        if active is self:  # no bucket of this model until its next forward: others' are not ours
+            active = None
 
     def _mine(self, opt: Any) -> bool:
         ok = self._opt_ok.get(id(opt))
