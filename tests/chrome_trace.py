@@ -15,8 +15,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 PHASES = set("XBEiIMCbensft") | {"P", "O", "N", "D"}
-METADATA = {"process_name": "name", "process_labels": "labels", "process_sort_index": "sort_index",
-            "thread_name": "name", "thread_sort_index": "sort_index"}
+METADATA = {
+    "process_name": "name",
+    "process_labels": "labels",
+    "process_sort_index": "sort_index",
+    "thread_name": "name",
+    "thread_sort_index": "sort_index",
+}
 SLACK_US = 0.002  # rounding of ts and dur to nanoseconds
 
 
@@ -72,7 +77,9 @@ def validate(obj: Any) -> List[str]:
             while stack and start >= stack[-1][1] - SLACK_US:
                 stack.pop()
             if stack and end > stack[-1][1] + SLACK_US:
-                problems.append(f"pid/tid {key}: {name!r} [{start}, {end}] overlaps {stack[-1][2]!r} "
-                                f"[{stack[-1][0]}, {stack[-1][1]}] without nesting")
+                problems.append(
+                    f"pid/tid {key}: {name!r} [{start}, {end}] overlaps {stack[-1][2]!r} "
+                    f"[{stack[-1][0]}, {stack[-1][1]}] without nesting"
+                )
             stack.append((start, end, name))
     return problems

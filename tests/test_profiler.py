@@ -2,19 +2,16 @@
 real DDP runs (tests/torch_mpi/profiler.py; bench/profiler_cases.py for the three constructed
 cases and the suggestions followed)."""
 
+import contextlib
 import json
-import os
-import re
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from chrome_trace import validate
-from mpi_util import ROOT, case_names, python_mpirun, run, script_job
-
+from mpi_util import ROOT, case_names, mpirun_argv, python_mpirun, run, script_job
 from zcoll import _C, step_model, step_report, trace
 
 MIB = 1 << 20
@@ -22,9 +19,29 @@ NS = 1e9
 
 
 # -- synthetic traces that follow the model's physics exactly -----------------------------------------
-def synthetic_docs(params, *, first_cap=MIB, cap=25 * MIB, ranks=2, steps=12, compute=2e-9, eta=50e-6,
-                   alpha=300e-6, beta=1 / 100e6, h_idle=20e-6, gap=30e-6, data=1e-3, forward=3e-3, loss=0.2e-3,
-                   optimizer=2e-3, finalize=0.3e-3, method="none", codecs=None, accumulation=1, late=None):
+def synthetic_docs(
+    params,
+    *,
+    first_cap=MIB,
+    cap=25 * MIB,
+    ranks=2,
+    steps=12,
+    compute=2e-9,
+    eta=50e-6,
+    alpha=300e-6,
+    beta=1 / 100e6,
+    h_idle=20e-6,
+    gap=30e-6,
+    data=1e-3,
+    forward=3e-3,
+    loss=0.2e-3,
+    optimizer=2e-3,
+    finalize=0.3e-3,
+    method="none",
+    codecs=None,
+    accumulation=1,
+    late=None,
+):
     """Every rank's trace document of `steps` DDP steps that behave exactly as docs/profiler.md
     models them: gradients ready at `compute` seconds per byte in `params` order, buckets cut as
     DDP does, each hook `eta`, one worker per rank (`h_idle` wake-up, `gap` turnaround), one
@@ -52,8 +69,18 @@ def synthetic_docs(params, *, first_cap=MIB, cap=25 * MIB, ranks=2, steps=12, co
             start = [max(ready[r] + eta + h_idle, end + gap) for r in range(ranks)]
             end = max(start) + alpha + max(beta * link.wire(method, n), link.codec_time(method, n))
             for r in range(ranks):
-                buckets[r].append({"index": j, "bytes": n, "ready": ready[r], "issued": ready[r] + eta,
-                                   "start": start[r], "end": end, "wire": link.wire(method, n), "method": method})
+                buckets[r].append(
+                    {
+                        "index": j,
+                        "bytes": n,
+                        "ready": ready[r],
+                        "issued": ready[r] + eta,
+                        "start": start[r],
+                        "end": end,
+                        "wire": link.wire(method, n),
+                        "method": method,
+                    }
+                )
         for r in range(ranks):
             A = b0[r] + ends[-1] * compute + len(buckets[r]) * eta
             ph[r]["backward"] = [b0[r], A]
@@ -80,21 +107,57 @@ def synthetic_docs(params, *, first_cap=MIB, cap=25 * MIB, ranks=2, steps=12, co
                 if b["index"] not in recorded:  # the parameter sizes, once, as the profiler records them
                     b["params"] = got
                     recorded.add(b["index"])
-    calibration = {"points": [{"bytes": n, "wire": n * link.wire_per_byte, "seconds": alpha + beta * n * link.wire_per_byte}
-                              for n in (256, 4 * MIB)], "ranks": ranks}
-    model = {"name": "Synthetic", "backend": "zcoll", "ranks": ranks, "parameters": len(params),
-             "gradient_bytes": sum(params), "bucket_cap_bytes": cap, "first_bucket_cap_bytes": first_cap,
-             "gradient_as_bucket_view": False, "hook": "allreduce_hook",
-             "compression": None if method == "none" else method, "id": 0, "calibration": calibration, "codecs": codecs}
-    clock = {"start": {"offset_ns": 0, "rtt_ns": 2000, "local_ns": 0},
-             "end": {"offset_ns": 0, "rtt_ns": 2000, "local_ns": as_ns(max(t))}}
-    return [{"format": trace.FORMAT, "version": trace.VERSION, "rank": r, "size": ranks,
-             "meta": {"host": "synthetic", "pid": r, "clock": clock, "link": {"bandwidth_Bps": 1 / beta}},
-             "models": [dict(model, steps=out[r])], "spans": [], "instants": []} for r in range(ranks)]
+    calibration = {
+        "points": [
+            {"bytes": n, "wire": n * link.wire_per_byte, "seconds": alpha + beta * n * link.wire_per_byte}
+            for n in (256, 4 * MIB)
+        ],
+        "ranks": ranks,
+    }
+    model = {
+        "name": "Synthetic",
+        "backend": "zcoll",
+        "ranks": ranks,
+        "parameters": len(params),
+        "gradient_bytes": sum(params),
+        "bucket_cap_bytes": cap,
+        "first_bucket_cap_bytes": first_cap,
+        "gradient_as_bucket_view": False,
+        "hook": "allreduce_hook",
+        "compression": None if method == "none" else method,
+        "id": 0,
+        "calibration": calibration,
+        "codecs": codecs,
+    }
+    clock = {
+        "start": {"offset_ns": 0, "rtt_ns": 2000, "local_ns": 0},
+        "end": {"offset_ns": 0, "rtt_ns": 2000, "local_ns": as_ns(max(t))},
+    }
+    return [
+        {
+            "format": trace.FORMAT,
+            "version": trace.VERSION,
+            "rank": r,
+            "size": ranks,
+            "meta": {"host": "synthetic", "pid": r, "clock": clock, "link": {"bandwidth_Bps": 1 / beta}},
+            "models": [dict(model, steps=out[r])],
+            "spans": [],
+            "instants": [],
+        }
+        for r in range(ranks)
+    ]
 
 
-INT8 = {"int8": {"encode_s_per_byte": 0.2e-9, "decode_s_per_byte": 0.15e-9, "payload_ratio": 0.2539,
-                 "exchange": "ring", "name": "GradientQuantizer(bits=8)", "constructor": "zcoll.GradientQuantizer(bits=8)"}}
+INT8 = {
+    "int8": {
+        "encode_s_per_byte": 0.2e-9,
+        "decode_s_per_byte": 0.15e-9,
+        "payload_ratio": 0.2539,
+        "exchange": "ring",
+        "name": "GradientQuantizer(bits=8)",
+        "constructor": "zcoll.GradientQuantizer(bits=8)",
+    }
+}
 MLP = (4 * 10, 4 * 10 * 1024, 4 * 1024, 4 * 1024 * 1024, 4 * 1024, 4 * 1024 * 1024, 4 * 1024, 4 * 64 * 1024)
 
 
@@ -113,8 +176,9 @@ def test_rebucket_is_ddps_assignment():
         numel = rng.integers(1, 300_000, size=int(rng.integers(1, 40))).tolist()
         first, cap = sorted(rng.integers(1000, 4 * MIB, size=2).tolist())
         tensors = [torch.empty(n) for n in numel]
-        buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [first, cap], [False] * len(numel),
-                                                             list(range(len(numel))))
+        buckets, _ = dist._compute_bucket_assignment_by_size(
+            tensors, [first, cap], [False] * len(numel), list(range(len(numel)))
+        )
         want = [sum(4 * numel[i] for i in b) for b in buckets]
         sizes, _ = step_model.rebucket(tuple(4 * n for n in numel), first, cap)
         assert sizes.tolist() == want, (trial, numel, first, cap)
@@ -132,7 +196,9 @@ def test_model_predicts_other_bucket_caps(cap_mb):
     a = analysis(synthetic_docs(MLP))
     cfg = step_model.Config(cap_mb * MIB, cap_mb * MIB)
     predicted = step_model.predict(a.shapes, a.link, cfg)
-    assert predicted == pytest.approx(measured(synthetic_docs(MLP, first_cap=cap_mb * MIB, cap=cap_mb * MIB)), rel=0.01)
+    assert predicted == pytest.approx(
+        measured(synthetic_docs(MLP, first_cap=cap_mb * MIB, cap=cap_mb * MIB)), rel=0.01
+    )
 
 
 def test_model_predicts_compression_and_accumulation():
@@ -154,7 +220,10 @@ def test_verdicts_of_three_constructed_traces():
     tiny = [4 * 1056] * 96  # 96 small tensors, one bucket each
     overhead = analysis(synthetic_docs(tiny, first_cap=1000, cap=1000, alpha=800e-6, eta=150e-6, gap=200e-6))
     assert (link.verdict["label"], compute.verdict["label"], overhead.verdict["label"]) == (
-        "link-bound", "compute-bound", "overhead-bound")
+        "link-bound",
+        "compute-bound",
+        "overhead-bound",
+    )
     kinds = lambda a: [s["kind"] for s in a.advice["suggestions"]]  # noqa: E731
     assert "compression" in kinds(link) and "bucket" in kinds(overhead)
     assert kinds(compute) == [] or all(s["speedup"] < 1.2 for s in compute.advice["suggestions"])
@@ -180,16 +249,31 @@ def test_chrome_trace_of_synthetic_docs_is_valid_and_checker_catches_overlaps():
     chrome = trace.chrome_trace(docs)
     assert validate(chrome) == []
     names = {e["name"] for e in chrome["traceEvents"]}
-    assert {"forward", "backward", "sync", "optimizer", "data", "bucket 0", "bucket 0 ready", "thread_name"} <= names
-    bad = {"traceEvents": [{"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 0, "dur": 10},
-                           {"name": "b", "ph": "X", "pid": 0, "tid": 1, "ts": 5, "dur": 10},
-                           {"name": "c", "ph": "Q", "pid": 0, "tid": 1, "ts": 5}]}
+    assert {
+        "forward",
+        "backward",
+        "sync",
+        "optimizer",
+        "data",
+        "bucket 0",
+        "bucket 0 ready",
+        "thread_name",
+    } <= names
+    bad = {
+        "traceEvents": [
+            {"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 0, "dur": 10},
+            {"name": "b", "ph": "X", "pid": 0, "tid": 1, "ts": 5, "dur": 10},
+            {"name": "c", "ph": "Q", "pid": 0, "tid": 1, "ts": 5},
+        ]
+    }
     problems = validate(bad)
     assert any("overlaps" in p for p in problems) and any("unknown phase" in p for p in problems)
 
 
 def test_clock_map_corrects_offset_and_drift():
-    m = trace.ClockMap({"start": {"offset_ns": 1000, "local_ns": 0}, "end": {"offset_ns": 3000, "local_ns": 10_000}})
+    m = trace.ClockMap(
+        {"start": {"offset_ns": 1000, "local_ns": 0}, "end": {"offset_ns": 3000, "local_ns": 10_000}}
+    )
     assert m(0) == 1000 and m(10_000) == 13_000 and m(5_000) == 7_000
     assert trace.ClockMap({"start": {"offset_ns": -7, "local_ns": 5}})(100) == 93
 
@@ -224,8 +308,10 @@ def test_trace_load_refuses_foreign_and_incomplete_directories(tmp_path):
 
 def test_zcoll_trace_is_a_declared_string_setting():
     assert _C.env_get("ZCOLL_TRACE") == ""
-    rc, out = run([sys.executable, "-c", "import zcoll; print(repr(zcoll._C.env_get('ZCOLL_TRACE')))"],
-                  env={"ZCOLL_TRACE": "/some/dir"})
+    rc, out = run(
+        [sys.executable, "-c", "import zcoll; print(repr(zcoll._C.env_get('ZCOLL_TRACE')))"],
+        env={"ZCOLL_TRACE": "/some/dir"},
+    )
     assert rc == 0 and out.strip() == "'/some/dir'", out
 
 
@@ -239,8 +325,18 @@ def test_zcoll_trace_environment_traces_every_ddp_model(tmp_path):
     """ZCOLL_TRACE=dir, no change to the program: both DDP models of the digits example are
     traced from their optimizer's first step, the files written at exit, `zcoll report` reads them."""
     script = ROOT / "examples" / "train_digits.py"
-    rc, out = python_mpirun(2, script, "--configs", "zcoll,int8", "--epochs", "1", "--png", str(tmp_path / "loss.png"),
-                            env={"ZCOLL_TRACE": str(tmp_path / "trace")}, timeout=300)
+    rc, out = python_mpirun(
+        2,
+        script,
+        "--configs",
+        "zcoll,int8",
+        "--epochs",
+        "1",
+        "--png",
+        str(tmp_path / "loss.png"),
+        env={"ZCOLL_TRACE": str(tmp_path / "trace")},
+        timeout=300,
+    )
     assert rc == 0, out
     docs = trace.load(tmp_path / "trace")
     assert [len(d["models"]) for d in docs] == [2, 2]
@@ -248,3 +344,79 @@ def test_zcoll_trace_environment_traces_every_ddp_model(tmp_path):
     assert all(len(m["steps"]) > 5 for d in docs for m in d["models"])
     rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path / "trace")], timeout=120)
     assert rc == 0 and out.count("VERDICT") == 2, out
+
+
+# -- the three constructed cases on real DDP, and suggestions followed (bench/profiler_cases.py) --------
+FOLLOW_TOLERANCE = 0.15  # the measured step within 15% of the prediction
+MPI_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "ZCOLL_SHM": "0"}
+
+
+def _result(rc, out):
+    assert rc == 0, out
+    line = next((l for l in out.splitlines() if "RESULT {" in l), None)
+    assert line is not None, out
+    return json.loads(line.split("RESULT ", 1)[1])
+
+
+def profiler_case(case, follow="", namespace=None, timeout=900):
+    """bench/profiler_cases.py on 2 ranks (inside `namespace` over MPI's TCP path when given)."""
+    argv = mpirun_argv(
+        2,
+        sys.executable,
+        "-m",
+        "mpi4py",
+        ROOT / "bench" / "profiler_cases.py",
+        "--case",
+        case,
+        "--follow",
+        follow,
+    )
+    if namespace is None:
+        return _result(*run(argv, timeout=timeout))
+    return _result(*run(["ip", "netns", "exec", namespace, *argv], env=MPI_TCP, timeout=timeout))
+
+
+@contextlib.contextmanager
+def slow_link(rate="1gbit"):
+    """bench/emulated_network.py's namespace: a loopback shaped to `rate`; skipped where
+    namespaces or traffic control are refused."""
+    import emulated_network
+
+    try:
+        ns = emulated_network.Namespace(rate)
+    except SystemExit:
+        pytest.skip("cannot create a network namespace with a shaped loopback here (needs root, ip and tc)")
+    try:
+        yield ns.name
+    finally:
+        ns.close()
+
+
+def check_followed(result, kinds):
+    got = {f["kind"]: f for f in result["follow"]}
+    for kind in kinds:
+        f = got.get(kind)
+        assert f and f["suggestion"], f"no {kind} suggestion: {result['suggestions']}"
+        assert abs(f["error"]) <= FOLLOW_TOLERANCE, (
+            f"followed {f['suggestion']['text']}: measured {f['measured_s'] * 1e3:.2f} ms, predicted "
+            f"{f['predicted_s'] * 1e3:.2f} ms ({f['error']:+.1%})"
+        )
+
+
+def test_constructed_case_compute_bound():
+    r = profiler_case("compute")
+    assert r["verdict"] == "compute-bound", r
+    assert all(s["speedup"] < 1.25 for s in r["suggestions"]), r["suggestions"]
+
+
+def test_constructed_case_overhead_bound_and_its_bucket_size_followed():
+    r = profiler_case("overhead", follow="bucket")
+    assert r["verdict"] == "overhead-bound", r
+    check_followed(r, ["bucket"])
+
+
+def test_constructed_case_link_bound_and_its_compression_and_accumulation_followed():
+    with slow_link() as ns:
+        r = profiler_case("link", follow="compression,accumulation", namespace=ns)
+    assert r["verdict"] == "link-bound", r
+    check_followed(r, ["compression", "accumulation"])

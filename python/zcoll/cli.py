@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir", help="the directory the traces were written to")
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of the analysis (default 3)")
     p.add_argument("--steps", type=int, default=3, help="steps drawn in the timeline (default 3)")
-    p.add_argument("--png", default=None, help="where to draw the timeline (default DIR/zcoll-timeline.png; '' for none)")
+    p.add_argument(
+        "--png", default=None, help="where to draw the timeline (default DIR/zcoll-timeline.png; '' for none)"
+    )
     p.set_defaults(func=_report)
     args = parser.parse_args(argv)
     return args.func(args)

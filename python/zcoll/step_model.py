@@ -85,7 +85,9 @@ class Link:
     def call_time(self, method: str, n: float) -> float:
         return self.alpha + max(self.beta * self.wire(method, n), self.codec_time(method, n))
 
-    def residuals(self, dense: Sequence[float], sent: Sequence[float], seconds: Sequence[float]) -> np.ndarray:
+    def residuals(
+        self, dense: Sequence[float], sent: Sequence[float], seconds: Sequence[float]
+    ) -> np.ndarray:
         """What calls took beyond beta x and their codec time (>= 0): the per-call cost."""
         codec = np.array([self.codec_time(self.method, d) for d in dense])
         return np.maximum(0.0, np.asarray(seconds) - np.maximum(self.beta * np.asarray(sent), codec))
@@ -112,8 +114,10 @@ class Shape:
     def tau_at(self, cum_bytes: np.ndarray) -> np.ndarray:
         """Compute-clock time at which the gradient stream has produced cum_bytes."""
         if self._curve is None:
-            self._curve = (np.concatenate(([0.0], self.ready_bytes)),
-                           np.concatenate(([0.0], np.maximum.accumulate(self.ready_tau))))
+            self._curve = (
+                np.concatenate(([0.0], self.ready_bytes)),
+                np.concatenate(([0.0], np.maximum.accumulate(self.ready_tau))),
+            )
         return np.interp(cum_bytes, *self._curve)
 
     def quiet(self) -> float:
@@ -183,7 +187,9 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
     end = -math.inf
     if n:
         steps = np.arange(1, n + 1)
-        handed = np.max([s.offset + s.tau_at(ends) + s.eta * ovh * steps + s.h_idle * ovh for s in ranks], axis=0)
+        handed = np.max(
+            [s.offset + s.tau_at(ends) + s.eta * ovh * steps + s.h_idle * ovh for s in ranks], axis=0
+        )
         alpha, gap = step.alpha * ovh, step.gap * ovh
         for h, c in zip(handed.tolist(), cost.tolist()):
             end = max(h, end + gap) + alpha + c
@@ -203,8 +209,14 @@ def predict(steps: Sequence[StepShape], link: Link, cfg: Config) -> float:
 
 
 # -- fitting ---------------------------------------------------------------------------------------
-def fit_link(points: Sequence[Tuple[float, float, float]], method: str, codecs: Dict[str, Any], ranks: int,
-             calibration: Optional[Dict[str, Any]], capacity: Optional[float]) -> Link:
+def fit_link(
+    points: Sequence[Tuple[float, float, float]],
+    method: str,
+    codecs: Dict[str, Any],
+    ranks: int,
+    calibration: Optional[Dict[str, Any]],
+    capacity: Optional[float],
+) -> Link:
     """alpha and beta (see the module docstring) from traced buckets (dense bytes, bytes sent,
     seconds), the start-up calibration points and the probed capacity (bytes/s)."""
     pts = np.array(points, dtype=float).reshape(-1, 3)
@@ -241,7 +253,9 @@ def _calibrated_beta(calibration: Optional[Dict[str, Any]], ranks: int) -> Tuple
     dx = sent(large) - sent(small)
     if dx <= 0:
         return None, ""
-    return max(0.0, (large["seconds"] - small["seconds"]) / dx), "the start-up calibration (two allreduce sizes)"
+    return max(
+        0.0, (large["seconds"] - small["seconds"]) / dx
+    ), "the start-up calibration (two allreduce sizes)"
 
 
 # -- verdict and suggestions ---------------------------------------------------------------------------
@@ -268,25 +282,40 @@ def verdict(shapes: Sequence[StepShape], link: Link, current: Config) -> Dict[st
     share = (now - no_comm) / now if now > 0 else 0.0
     if share < COMPUTE_BOUND_SHARE:
         label = "compute-bound"
-        why = (f"communication adds {share:.0%} to the step (hidden behind the backward pass or small): "
-               "faster communication cannot help much")
+        why = (
+            f"communication adds {share:.0%} to the step (hidden behind the backward pass or small): "
+            "faster communication cannot help much"
+        )
     elif now - fast_link >= now - no_overhead:
         label = "link-bound"
-        why = (f"communication adds {share:.0%} to the step, mostly moving bytes: an infinitely fast link would "
-               f"save {1e3 * (now - fast_link):.1f} ms, zero per-bucket overhead {1e3 * (now - no_overhead):.1f} ms")
+        why = (
+            f"communication adds {share:.0%} to the step, mostly moving bytes: an infinitely fast link would "
+            f"save {1e3 * (now - fast_link):.1f} ms, zero per-bucket overhead {1e3 * (now - no_overhead):.1f} ms"
+        )
     else:
         label = "overhead-bound"
-        why = (f"communication adds {share:.0%} to the step, mostly fixed costs per bucket and call: zero "
-               f"overhead would save {1e3 * (now - no_overhead):.1f} ms, an infinitely fast link "
-               f"{1e3 * (now - fast_link):.1f} ms")
-    return {"label": label, "reason": why, "model_s": now, "no_comm_s": no_comm, "fast_link_s": fast_link,
-            "no_overhead_s": no_overhead, "comm_share": share}
+        why = (
+            f"communication adds {share:.0%} to the step, mostly fixed costs per bucket and call: zero "
+            f"overhead would save {1e3 * (now - no_overhead):.1f} ms, an infinitely fast link "
+            f"{1e3 * (now - fast_link):.1f} ms"
+        )
+    return {
+        "label": label,
+        "reason": why,
+        "model_s": now,
+        "no_comm_s": no_comm,
+        "fast_link_s": fast_link,
+        "no_overhead_s": no_overhead,
+        "comm_share": share,
+    }
 
 
 LOSSINESS = ("none", "fp16", "int8", "int4", "sign", "top1%")  # least lossy first
 
 
-def suggestions(shapes: Sequence[StepShape], link: Link, current: Config, compression: bool) -> Dict[str, Any]:
+def suggestions(
+    shapes: Sequence[StepShape], link: Link, current: Config, compression: bool
+) -> Dict[str, Any]:
     """One suggestion per knob, each with its predicted step time (the table: every method at
     the caps in use, column "current", and at each cap):
 
@@ -300,7 +329,9 @@ def suggestions(shapes: Sequence[StepShape], link: Link, current: Config, compre
 
     Each appears only when it predicts a step at least MIN_GAIN faster than the current one."""
     now = predict(shapes, link, current)
-    methods = [current.method] + ([m for m in ("none", *link.codecs) if m != current.method] if compression else [])
+    methods = [current.method] + (
+        [m for m in ("none", *link.codecs) if m != current.method] if compression else []
+    )
     table: Dict[str, Dict[str, float]] = {}
     for m in methods:
         row = {"current": predict(shapes, link, replace(current, method=m))}
@@ -311,7 +342,14 @@ def suggestions(shapes: Sequence[StepShape], link: Link, current: Config, compre
     cap_key, cap_t = min(table[current.method].items(), key=lambda kv: kv[1])
     cap_mb = _mb(cap_key)
     if cap_t < now * (1 - MIN_GAIN):
-        out.append({"kind": "bucket", "bucket_cap_mb": cap_mb, "predicted_s": cap_t, "text": f"bucket_cap_mb={cap_key}"})
+        out.append(
+            {
+                "kind": "bucket",
+                "bucket_cap_mb": cap_mb,
+                "predicted_s": cap_t,
+                "text": f"bucket_cap_mb={cap_key}",
+            }
+        )
     best = {m: min(row.items(), key=lambda kv: kv[1]) for m, row in table.items()}
     fastest = min(t for _, t in best.values())
     ranked = sorted(best, key=lambda m: LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS))
@@ -319,18 +357,35 @@ def suggestions(shapes: Sequence[StepShape], link: Link, current: Config, compre
     key, t = best[pick]
     if pick != current.method and t < min(now, cap_t) * (1 - MIN_GAIN):
         name = link.codecs[pick].get("constructor", pick) if pick != "none" else "no compression"
-        out.append({"kind": "compression", "method": pick, "bucket_cap_mb": _mb(key), "predicted_s": t,
-                    "text": name + (f" with bucket_cap_mb={key}" if key != "current" else ""),
-                    "note": "lossy: error feedback keeps convergence (EF-SGD); check the accuracy"
-                    if pick != "none" else ""})
+        out.append(
+            {
+                "kind": "compression",
+                "method": pick,
+                "bucket_cap_mb": _mb(key),
+                "predicted_s": t,
+                "text": name + (f" with bucket_cap_mb={key}" if key != "current" else ""),
+                "note": "lossy: error feedback keeps convergence (EF-SGD); check the accuracy"
+                if pick != "none"
+                else "",
+            }
+        )
     base = replace(current, first_cap=cap_mb * MIB, cap=cap_mb * MIB) if cap_mb else current
     quiet = predict(shapes, link, replace(base, communicate=False))
     acc = {k: predict(shapes, link, replace(base, accumulation=k)) for k in ACCUMULATION}
     k = next((k for k in ACCUMULATION if acc[k] <= 1.1 * quiet), ACCUMULATION[-1])
     if acc[k] < now * (1 - MIN_GAIN):
-        out.append({"kind": "accumulation", "steps": k, "bucket_cap_mb": cap_mb, "predicted_s": acc[k],
-                    "text": f"gradient_accumulation_steps={k}" + (f" with bucket_cap_mb={cap_key}" if cap_mb else "")
-                    + " (mean time per micro-batch)", "note": lr_rule(k)})
+        out.append(
+            {
+                "kind": "accumulation",
+                "steps": k,
+                "bucket_cap_mb": cap_mb,
+                "predicted_s": acc[k],
+                "text": f"gradient_accumulation_steps={k}"
+                + (f" with bucket_cap_mb={cap_key}" if cap_mb else "")
+                + " (mean time per micro-batch)",
+                "note": lr_rule(k),
+            }
+        )
     for s in out:
         s["speedup"] = now / s["predicted_s"]
     return {"current_s": now, "table": table, "suggestions": out, "accumulation": acc}

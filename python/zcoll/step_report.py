@@ -21,7 +21,7 @@ step's slowest rank: the one with the longest step minus sync (the others waited
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -45,7 +45,9 @@ class StepFigures:
     hidden: float  # communication time before the backward pass ended
     wire: float  # bytes this rank sent
     dense: float  # gradient bytes in the buckets
-    buckets: List[Dict[str, Any]]  # per bucket: index, bytes, wire, ready/start/end (s after backward start), ...
+    buckets: List[
+        Dict[str, Any]
+    ]  # per bucket: index, bytes, wire, ready/start/end (s after backward start), ...
     backward_end: float  # after backward start
     backward_start: float  # on rank 0's clock (ns)
 
@@ -69,7 +71,9 @@ class Analysis:
     advice: Dict[str, Any] = field(default_factory=dict)
 
     def median(self, rank: int, what: str) -> float:
-        vals = [getattr(s, what) if hasattr(s, what) else s.phases.get(what, 0.0) for s in self.per_rank[rank]]
+        vals = [
+            getattr(s, what) if hasattr(s, what) else s.phases.get(what, 0.0) for s in self.per_rank[rank]
+        ]
         return float(np.median(vals)) if vals else 0.0
 
     def summary(self) -> Dict[str, Any]:
@@ -102,6 +106,23 @@ class Analysis:
             "suggested_bucket_cap_mb": best_bucket["bucket_cap_mb"] if best_bucket else None,
         }
 
+    def predict(
+        self,
+        bucket_cap_mb: Optional[float] = None,
+        method: Optional[str] = None,
+        accumulation: Optional[int] = None,
+    ) -> float:
+        """The model's step time (per micro-batch with accumulation) for a setting; None keeps
+        what was traced (bucket_cap_mb sets both DDP caps, as ``DDP(bucket_cap_mb=...)`` does)."""
+        cfg = self.current
+        if bucket_cap_mb is not None:
+            cfg = replace(cfg, first_cap=bucket_cap_mb * sm.MIB, cap=bucket_cap_mb * sm.MIB)
+        if method is not None:
+            cfg = replace(cfg, method=method)
+        if accumulation is not None:
+            cfg = replace(cfg, accumulation=accumulation)
+        return sm.predict(self.shapes, self.link, cfg)
+
     def measured(self) -> float:
         """The measured step time the model's current prediction answers: the median step, or
         with gradient accumulation the mean time per micro-batch."""
@@ -118,7 +139,12 @@ class Analysis:
         at = [f.step for f in self.per_rank[0] if f.buckets]
         k = int(np.median(np.diff(at))) if len(at) > 1 else round(len(self.step_time) / len(sync))
         q, s = float(np.median(quiet)), float(np.median(sync))
-        return {"accumulation_steps": k, "quiet_step_s": q, "sync_step_s": s, "micro_batch_s": ((k - 1) * q + s) / k}
+        return {
+            "accumulation_steps": k,
+            "quiet_step_s": q,
+            "sync_step_s": s,
+            "micro_batch_s": ((k - 1) * q + s) / k,
+        }
 
     def overlap(self, rank: int) -> float:
         comm = sum(s.comm for s in self.per_rank[rank])
@@ -138,10 +164,13 @@ def _end(step: Dict[str, Any]) -> Optional[int]:
 def _complete(step: Dict[str, Any]) -> bool:
     ph = step["phases"]
     return all(k in ph and ph[k][1] is not None for k in ("forward", "backward", "sync")) and all(
-        b["end"] is not None and b["issued"] is not None for b in step["buckets"])
+        b["end"] is not None and b["issued"] is not None for b in step["buckets"]
+    )
 
 
-def _figures(step: Dict[str, Any], prev_end: int, ranks: int, codecs: Dict[str, Any], to_rank0: Any) -> StepFigures:
+def _figures(
+    step: Dict[str, Any], prev_end: int, ranks: int, codecs: Dict[str, Any], to_rank0: Any
+) -> StepFigures:
     """One step of one rank; bucket times in seconds after its backward start (and start_g /
     end_g on rank 0's clock, ns)."""
     ns = 1e-9
@@ -156,18 +185,42 @@ def _figures(step: Dict[str, Any], prev_end: int, ranks: int, codecs: Dict[str, 
         start = b["start"] if b["start"] is not None else max(b["issued"], last_end or b["issued"])
         waited = max(0, b["end"] - max(b1, last_end or b1)) * ns
         hidden += max(0, min(b["end"], b1) - start) * ns
-        buckets.append({"index": b["index"], "bytes": b["bytes"], "wire": b["wire"] or b["bytes"] * ring,
-                        "method": b["method"], "ready": (b["ready"] - b0) * ns, "issued": (b["issued"] - b0) * ns,
-                        "start": (start - b0) * ns, "end": (b["end"] - b0) * ns,
-                        "after_prev": (start - last_end) * ns if last_end is not None else None,
-                        "comm": (b["end"] - start) * ns, "codec": codec_of(b["method"], b["bytes"]),
-                        "waited": waited, "measured_start": b["start"] is not None,
-                        "start_g": to_rank0(start), "end_g": to_rank0(b["end"]), "issued_g": to_rank0(b["issued"])})
+        buckets.append(
+            {
+                "index": b["index"],
+                "bytes": b["bytes"],
+                "wire": b["wire"] or b["bytes"] * ring,
+                "method": b["method"],
+                "ready": (b["ready"] - b0) * ns,
+                "issued": (b["issued"] - b0) * ns,
+                "start": (start - b0) * ns,
+                "end": (b["end"] - b0) * ns,
+                "after_prev": (start - last_end) * ns if last_end is not None else None,
+                "comm": (b["end"] - start) * ns,
+                "codec": codec_of(b["method"], b["bytes"]),
+                "waited": waited,
+                "measured_start": b["start"] is not None,
+                "start_g": to_rank0(start),
+                "end_g": to_rank0(b["end"]),
+                "issued_g": to_rank0(b["issued"]),
+            }
+        )
         last_end = b["end"] if last_end is None else max(last_end, b["end"])
     exposed = max(0, last_end - b1) * ns if buckets else 0.0
-    return StepFigures(step["step"], duration, phases, duration - sum(phases.values()), sum(b["comm"] for b in buckets),
-                       exposed, hidden, sum(b["wire"] for b in buckets), sum(b["bytes"] for b in buckets), buckets,
-                       (b1 - b0) * ns, to_rank0(b0))
+    return StepFigures(
+        step["step"],
+        duration,
+        phases,
+        duration - sum(phases.values()),
+        sum(b["comm"] for b in buckets),
+        exposed,
+        hidden,
+        sum(b["wire"] for b in buckets),
+        sum(b["bytes"] for b in buckets),
+        buckets,
+        (b1 - b0) * ns,
+        to_rank0(b0),
+    )
 
 
 def _bucket_params(steps: List[Dict[str, Any]], last: int) -> Dict[int, List[int]]:
@@ -202,7 +255,9 @@ def _collectives(figs: List[StepFigures]) -> Optional[Dict[str, List[float]]]:
     return {"calls": calls, "gaps": gaps}
 
 
-def _shape(f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet: Optional[float]) -> sm.Shape:
+def _shape(
+    f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet: Optional[float]
+) -> sm.Shape:
     """The model's view of one step of one rank."""
     hooks, tau, etas, idle = 0.0, [], [], []
     for b in f.buckets:
@@ -212,11 +267,19 @@ def _shape(f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet
         if b["measured_start"] and (b["after_prev"] is None or b["after_prev"] >= b["start"] - b["issued"]):
             idle.append(b["start"] - b["issued"])  # its worker was idle: the wake-up
     return sm.Shape(
-        step=f.duration, other=f.duration - f.phases["backward"] - f.phases["sync"],
-        optimizer=f.phases.get("optimizer", 0.0), offset=offset, tau_end=f.backward_end - hooks,
-        eta=float(np.mean(etas)) if etas else 0.0, ready_tau=tau, ready_bytes=cum, params=stream,
-        h_idle=float(np.mean(idle)) if idle else 0.0, finalize=max(0.0, f.phases["sync"] - f.exposed),
-        quiet_step=quiet)
+        step=f.duration,
+        other=f.duration - f.phases["backward"] - f.phases["sync"],
+        optimizer=f.phases.get("optimizer", 0.0),
+        offset=offset,
+        tau_end=f.backward_end - hooks,
+        eta=float(np.mean(etas)) if etas else 0.0,
+        ready_tau=tau,
+        ready_bytes=cum,
+        params=stream,
+        h_idle=float(np.mean(idle)) if idle else 0.0,
+        finalize=max(0.0, f.phases["sync"] - f.exposed),
+        quiet_step=quiet,
+    )
 
 
 def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
@@ -230,8 +293,16 @@ def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
         usable = []
         for m in per_doc:
             steps = m["steps"]
-            ok = {s["step"] for i, s in enumerate(steps) if i > 0 and s["step"] >= max(1, warmup) and _complete(s)
-                  and _end(steps[i - 1]) is not None}
+            # "data" exists when the previous step ran just before (not across a pause)
+            ok = {
+                s["step"]
+                for i, s in enumerate(steps)
+                if i > 0
+                and s["step"] >= max(1, warmup)
+                and _complete(s)
+                and "data" in s["phases"]
+                and _end(steps[i - 1]) is not None
+            }
             usable.append(ok)
         chosen = sorted(set.intersection(*usable)) if usable else []
         if not chosen:
@@ -243,15 +314,29 @@ def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
         for r, m in enumerate(per_doc):
             by_step = {s["step"]: i for i, s in enumerate(m["steps"])}
             to_rank0 = maps[r]
-            figs = [_figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs, to_rank0)
-                    for k in chosen]
+            figs = [
+                _figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs, to_rank0)
+                for k in chosen
+            ]
             per_rank.append(figs)
-        step_time = [float(np.mean([per_rank[r][i].duration for r in range(ranks)])) for i in range(len(chosen))]
-        slowest = [max(range(ranks), key=lambda r: per_rank[r][i].duration - per_rank[r][i].phases["sync"])
-                   for i in range(len(chosen))]
+        step_time = [
+            float(np.mean([per_rank[r][i].duration for r in range(ranks)])) for i in range(len(chosen))
+        ]
+        slowest = [
+            max(range(ranks), key=lambda r: per_rank[r][i].duration - per_rank[r][i].phases["sync"])
+            for i in range(len(chosen))
+        ]
         link_info = docs[0]["meta"].get("link")
-        a = Analysis(model, ranks, chosen, per_rank, step_time, slowest,
-                     link_info["bandwidth_Bps"] if link_info else None, [d["meta"]["clock"] for d in docs])
+        a = Analysis(
+            model,
+            ranks,
+            chosen,
+            per_rank,
+            step_time,
+            slowest,
+            link_info["bandwidth_Bps"] if link_info else None,
+            [d["meta"]["clock"] for d in docs],
+        )
         _fit(a, per_doc, codecs)
         out.append(a)
     return out
@@ -265,8 +350,12 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
         method = used.pop()
     steps = [[a.per_rank[r][i] for r in range(a.ranks)] for i in range(len(a.steps))]
     joint = [_collectives(figs) for figs in steps]
-    points = [(b["bytes"], b["wire"], c) for figs, j in zip(steps, joint) if j
-              for b, c in zip(figs[0].buckets, j["calls"])]
+    points = [
+        (b["bytes"], b["wire"], c)
+        for figs, j in zip(steps, joint)
+        if j
+        for b, c in zip(figs[0].buckets, j["calls"])
+    ]
     a.link = sm.fit_link(points, method, codecs, a.ranks, a.model.get("calibration"), a.link_capacity)
     counts = [len(f.buckets) for f in a.per_rank[0] if f.buckets]
     modal = max(set(counts), key=counts.count) if counts else 0
@@ -276,20 +365,39 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
         last = next((f.buckets for f in reversed(a.per_rank[r]) if len(f.buckets) == modal), [])
         stream = [size for b in last for size in (params.get(b["index"]) or [b["bytes"]])]
         quiet = [f.duration for f in a.per_rank[r] if not f.buckets]
-        streams.append((tuple(stream), list(np.cumsum([b["bytes"] for b in last], dtype=float)),
-                        float(np.median(quiet)) if quiet else None))
+        streams.append(
+            (
+                tuple(stream),
+                list(np.cumsum([b["bytes"] for b in last], dtype=float)),
+                float(np.median(quiet)) if quiet else None,
+            )
+        )
     for figs, j in zip(steps, joint):
         if j is None or len(j["calls"]) != modal:
             continue  # steps without communication (accumulation) enter through quiet_step
         bk = figs[0].buckets
         alpha = a.link.residuals([b["bytes"] for b in bk], [b["wire"] for b in bk], j["calls"])
-        ranks = [_shape(f, streams[r][0], streams[r][1], (f.backward_start - figs[0].backward_start) * 1e-9,
-                        streams[r][2]) for r, f in enumerate(figs)]
-        a.shapes.append(sm.StepShape(ranks, float(np.mean(alpha)), float(np.mean(j["gaps"])) if j["gaps"] else 0.0))
+        ranks = [
+            _shape(
+                f,
+                streams[r][0],
+                streams[r][1],
+                (f.backward_start - figs[0].backward_start) * 1e-9,
+                streams[r][2],
+            )
+            for r, f in enumerate(figs)
+        ]
+        a.shapes.append(
+            sm.StepShape(ranks, float(np.mean(alpha)), float(np.mean(j["gaps"])) if j["gaps"] else 0.0)
+        )
     if not a.shapes:
-        raise ValueError(f"model {a.model['id']} ({a.model['name']}): no analysed step communicated on every rank")
+        raise ValueError(
+            f"model {a.model['id']} ({a.model['name']}): no analysed step communicated on every rank"
+        )
     k = a.accumulation_figures().get("accumulation_steps", 1)
-    a.current = sm.Config(a.model["first_bucket_cap_bytes"], a.model["bucket_cap_bytes"], method, accumulation=k)
+    a.current = sm.Config(
+        a.model["first_bucket_cap_bytes"], a.model["bucket_cap_bytes"], method, accumulation=k
+    )
     a.verdict = sm.verdict(a.shapes, a.link, a.current)
     a.advice = sm.suggestions(a.shapes, a.link, a.current, compression=a.model["backend"] == "zcoll")
 
@@ -315,11 +423,15 @@ def format_text(analyses: List[Analysis], where: str = "") -> str:
 
 def _text_one(a: Analysis, where: str) -> List[str]:
     m, R = a.model, range(a.ranks)
-    L = [f"zcoll step report{': ' + where if where else ''}",
-         f"model {m['id']}: {m['name']} on {a.ranks} ranks ({m['backend']}), {m['gradient_bytes'] / 1e6:.2f} MB of gradients "
-         f"in {m['parameters']} tensors; hook {m['hook']}, compression {m['compression'] or 'none'}; "
-         f"bucket cap {m['bucket_cap_bytes'] / 2**20:g} MiB (first {m['first_bucket_cap_bytes'] / 2**20:g} MiB)",
-         f"steps analysed: {len(a.steps)} (steps {a.steps[0]}..{a.steps[-1]})"]
+    L = [
+        f"zcoll step report{': ' + where if where else ''}",
+        (
+            f"model {m['id']}: {m['name']} on {a.ranks} ranks ({m['backend']}), {m['gradient_bytes'] / 1e6:.2f} MB of "
+            f"gradients in {m['parameters']} tensors; hook {m['hook']}, compression {m['compression'] or 'none'}; "
+            f"bucket cap {m['bucket_cap_bytes'] / 2**20:g} MiB (first {m['first_bucket_cap_bytes'] / 2**20:g} MiB)"
+        ),
+        f"steps analysed: {len(a.steps)} (steps {a.steps[0]}..{a.steps[-1]})",
+    ]
     starts = [c["start"] for c in a.clocks]
     ends = [c.get("end") for c in a.clocks]
     off0 = ", ".join(f"{s['offset_ns'] / 1e6:+.3f}" for s in starts)
@@ -332,54 +444,89 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append(line)
     L.append("")
     L.append("per step, median (ms)" + "".join(f"{'rank ' + str(r):>10}" for r in R))
-    rows = [("step", "duration")] + [(p, p) for p in PHASES] + [("other", "other"), ("communication", "comm"),
-                                                                  ("  exposed", "exposed")]
+    rows = (
+        [("step", "duration")]
+        + [(p, p) for p in PHASES]
+        + [("other", "other"), ("communication", "comm"), ("  exposed", "exposed")]
+    )
     for label, key in rows:
         L.append(f"  {label:<20}" + "".join(f"{_ms(a.median(r, key)):>10}" for r in R))
     L.append(f"  {'overlap %':<20}" + "".join(f"{100 * a.overlap(r):>10.0f}" for r in R))
     L.append(f"  {'sent MB':<20}" + "".join(f"{a.median(r, 'wire') / 1e6:>10.2f}" for r in R))
     L.append(f"  {'achieved':<20}" + "".join(f"{_rate(a.achieved(r)):>10}" for r in R))
     cap = a.link_capacity
-    L.append(f"link capacity (ring exchange probe): {_rate(cap)}"
-             + (f"; achieved during communication: {100 * max(a.achieved(r) for r in R) / cap:.0f}% of it" if cap else ""))
+    L.append(
+        f"link capacity (ring exchange probe): {_rate(cap)}"
+        + (
+            f"; achieved during communication: {100 * max(a.achieved(r) for r in R) / cap:.0f}% of it"
+            if cap
+            else ""
+        )
+    )
     counts = [a.slowest.count(r) for r in R]
-    L.append("slowest rank (most busy time): " + ", ".join(f"rank {r} in {counts[r]}/{len(a.slowest)} steps" for r in R))
-    L.append(f"step time (mean over ranks): median {_ms(float(np.median(a.step_time)))} ms, "
-             f"min {_ms(min(a.step_time))}, max {_ms(max(a.step_time))}")
+    L.append(
+        "slowest rank (most busy time): "
+        + ", ".join(f"rank {r} in {counts[r]}/{len(a.slowest)} steps" for r in R)
+    )
+    L.append(
+        f"step time (mean over ranks): median {_ms(float(np.median(a.step_time)))} ms, "
+        f"min {_ms(min(a.step_time))}, max {_ms(max(a.step_time))}"
+    )
     acc = a.accumulation_figures()
     if acc:
-        L.append(f"gradient accumulation: {acc['accumulation_steps']} micro-batches per update; median step "
-                 f"{_ms(acc['sync_step_s'])} ms with communication, {_ms(acc['quiet_step_s'])} ms without: "
-                 f"{_ms(acc['micro_batch_s'])} ms per micro-batch")
+        L.append(
+            f"gradient accumulation: {acc['accumulation_steps']} micro-batches per update; median step "
+            f"{_ms(acc['sync_step_s'])} ms with communication, {_ms(acc['quiet_step_s'])} ms without: "
+            f"{_ms(acc['micro_batch_s'])} ms per micro-batch"
+        )
     L.append("")
-    L.append("buckets, rank 0, median (ms after the backward pass started; codec time estimated from the kernel rates)")
-    L.append(f"  {'index':>5} {'MB':>8} {'sent MB':>8} {'ready':>8} {'start':>8} {'end':>8} {'comm':>8} {'codec':>8} {'waited':>8}")
+    L.append(
+        "buckets, rank 0, median (ms after the backward pass started; codec time estimated from the kernel rates)"
+    )
+    L.append(
+        f"  {'index':>5} {'MB':>8} {'sent MB':>8} {'ready':>8} {'start':>8} {'end':>8} {'comm':>8} {'codec':>8} {'waited':>8}"
+    )
     figs = [f for f in a.per_rank[0] if f.buckets] or a.per_rank[0]
     nb = min(len(f.buckets) for f in figs)
     for i in range(nb):
-        def med(k: str) -> float:
-            return float(np.median([f.buckets[i][k] for f in figs]))
+        med = {
+            k: float(np.median([f.buckets[i][k] for f in figs]))
+            for k in ("wire", "ready", "start", "end", "comm", "codec", "waited")
+        }
         b = figs[-1].buckets[i]
-        L.append(f"  {b['index']:>5} {b['bytes'] / 1e6:>8.3f} {med('wire') / 1e6:>8.3f} {_ms(med('ready')):>8} "
-                 f"{_ms(med('start')):>8} {_ms(med('end')):>8} {_ms(med('comm')):>8} {_ms(med('codec')):>8} "
-                 f"{_ms(med('waited')):>8}")
+        L.append(
+            f"  {b['index']:>5} {b['bytes'] / 1e6:>8.3f} {med['wire'] / 1e6:>8.3f} "
+            + "".join(f"{_ms(med[k]):>9}" for k in ("ready", "start", "end", "comm", "codec", "waited"))
+        )
     if any(not b["measured_start"] for f in figs for b in f.buckets):
-        L.append("  (start times inferred: this hook reports no start; the previous bucket's end or the hand-over)")
+        L.append(
+            "  (start times inferred: this hook reports no start; the previous bucket's end or the hand-over)"
+        )
     v, link = a.verdict, a.link
     L.append("")
     L.append(f"VERDICT: {v['label'].upper()}: {v['reason']}")
-    L.append(f"  model: alpha {link.alpha * 1e6:.0f} us per call, {1 / link.beta / 1e6 if link.beta else float('inf'):.1f} MB/s "
-             f"per rank on the wire ({link.source}); per-bucket hook {np.median([r.eta for s in a.shapes for r in s.ranks]) * 1e6:.0f} us")
+    L.append(
+        f"  model: alpha {link.alpha * 1e6:.0f} us per call, {1 / link.beta / 1e6 if link.beta else float('inf'):.1f} MB/s "
+        f"per rank on the wire ({link.source}); per-bucket hook {np.median([r.eta for s in a.shapes for r in s.ranks]) * 1e6:.0f} us"
+    )
     measured = a.measured()
-    L.append(f"  model check: {_ms(v['model_s'])} ms predicted for the current setting, {_ms(measured)} ms measured "
-             f"({100 * (v['model_s'] / measured - 1):+.0f}%)")
-    L.append(f"  without communication {_ms(v['no_comm_s'])} ms; infinitely fast link {_ms(v['fast_link_s'])} ms; "
-             f"zero per-bucket overhead {_ms(v['no_overhead_s'])} ms")
-    L.append(f"  (each traced step replayed under a setting; mean over ranks, median over steps: docs/profiler.md)")
+    L.append(
+        f"  model check: {_ms(v['model_s'])} ms predicted for the current setting, {_ms(measured)} ms measured "
+        f"({100 * (v['model_s'] / measured - 1):+.0f}%)"
+    )
+    L.append(
+        f"  without communication {_ms(v['no_comm_s'])} ms; infinitely fast link {_ms(v['fast_link_s'])} ms; "
+        f"zero per-bucket overhead {_ms(v['no_overhead_s'])} ms"
+    )
+    L.append(
+        "  (each traced step replayed under a setting; mean over ranks, median over steps: docs/profiler.md)"
+    )
     L.append("")
     sug = a.advice["suggestions"]
     if not sug:
-        L.append(f"SUGGESTIONS: none predicts a step more than {sm.MIN_GAIN:.0%} faster; keep the current setting.")
+        L.append(
+            f"SUGGESTIONS: none predicts a step more than {sm.MIN_GAIN:.0%} faster; keep the current setting."
+        )
     else:
         L.append("SUGGESTIONS (predicted step time, speed-up over the model's current step):")
         for s in sug:
@@ -394,14 +541,21 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     for meth, row in table.items():
         L.append(f"  {meth[:10]:<10}" + "".join(f"{_ms(row[k]):>9}" for k in keys))
     acc = a.advice["accumulation"]
-    L.append("gradient accumulation (mean ms per micro-batch): "
-             + ", ".join(f"k={k}: {_ms(t)}" for k, t in acc.items()))
+    L.append(
+        "gradient accumulation (mean ms per micro-batch): "
+        + ", ".join(f"k={k}: {_ms(t)}" for k, t in acc.items())
+    )
     return L
 
 
 # -- timeline -------------------------------------------------------------------------------------
-PHASE_COLOURS = {"data": "#bbbbbb", "forward": "#4c72b0", "backward": "#55a868", "sync": "#c44e52",
-                 "optimizer": "#8172b2"}
+PHASE_COLOURS = {
+    "data": "#bbbbbb",
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "sync": "#c44e52",
+    "optimizer": "#8172b2",
+}
 
 
 def plot_timeline(docs: List[Dict[str, Any]], analyses: List[Analysis], path: Any, steps: int = 3) -> None:
@@ -417,7 +571,7 @@ def plot_timeline(docs: List[Dict[str, Any]], analyses: List[Analysis], path: An
     order = np.argsort(a.step_time)
     centre = int(order[len(order) // 2])
     first = max(0, min(centre - steps // 2, len(a.steps) - steps))
-    chosen = set(a.steps[first:first + steps])
+    chosen = set(a.steps[first : first + steps])
     maps = clock_maps(docs)
     spans = []
     for d in docs:
@@ -431,13 +585,20 @@ def plot_timeline(docs: List[Dict[str, Any]], analyses: List[Analysis], path: An
         y = 2 * (a.ranks - 1 - r)
         for name, (b, e) in s["phases"].items():
             if e is not None:
-                ax.broken_barh([((m(b) - t0) / 1e6, (e - b) / 1e6)], (y + 1.05, 0.8), color=PHASE_COLOURS.get(name, "k"))
+                ax.broken_barh(
+                    [((m(b) - t0) / 1e6, (e - b) / 1e6)], (y + 1.05, 0.8), color=PHASE_COLOURS.get(name, "k")
+                )
         for bk in s["buckets"]:
             if bk["end"] is None:
                 continue
             start = bk["start"] if bk["start"] is not None else bk["issued"]
-            ax.broken_barh([((m(start) - t0) / 1e6, (bk["end"] - start) / 1e6)], (y + 0.1, 0.8),
-                           color="#dd8452", edgecolor="k", linewidth=0.3)
+            ax.broken_barh(
+                [((m(start) - t0) / 1e6, (bk["end"] - start) / 1e6)],
+                (y + 0.1, 0.8),
+                color="#dd8452",
+                edgecolor="k",
+                linewidth=0.3,
+            )
             ax.plot([(m(bk["ready"]) - t0) / 1e6], [y + 0.95], "k|", markersize=6)
     ax.set_yticks([2 * (a.ranks - 1 - r) + off for r in range(a.ranks) for off in (0.5, 1.45)])
     ax.set_yticklabels([f"rank {r} {lane}" for r in range(a.ranks) for lane in ("comm", "compute")])
@@ -445,8 +606,10 @@ def plot_timeline(docs: List[Dict[str, Any]], analyses: List[Analysis], path: An
     handles = [matplotlib.patches.Patch(color=c, label=n) for n, c in PHASE_COLOURS.items()]
     handles.append(matplotlib.patches.Patch(color="#dd8452", label="bucket communication"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=8)
-    ax.set_title(f"{a.model['name']} on {a.ranks} ranks ({a.model['backend']}): {a.verdict['label']}, "
-                 f"median step {float(np.median(a.step_time)) * 1e3:.1f} ms")
+    ax.set_title(
+        f"{a.model['name']} on {a.ranks} ranks ({a.model['backend']}): {a.verdict['label']}, "
+        f"median step {float(np.median(a.step_time)) * 1e3:.1f} ms"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -195,8 +195,10 @@ def probe_link(comm: Any, nbytes: int = 4 << 20, repeats: int = 3) -> Optional[D
     for i in range(repeats + 1):  # round 0 is a warm-up (connections, TCP windows)
         comm.Barrier()
         t0 = time.perf_counter()
-        reqs = [comm.Irecv(recv, source=(comm.rank - 1) % p, tag=_TAG_CLOCK + 10),
-                comm.Isend(send, dest=(comm.rank + 1) % p, tag=_TAG_CLOCK + 10)]
+        reqs = [
+            comm.Irecv(recv, source=(comm.rank - 1) % p, tag=_TAG_CLOCK + 10),
+            comm.Isend(send, dest=(comm.rank + 1) % p, tag=_TAG_CLOCK + 10),
+        ]
         MPI.Request.Waitall(reqs)
         elapsed = np.array([time.perf_counter() - t0])
         comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
@@ -235,8 +237,11 @@ class Session:
         self.paths: List[Path] = []
         self.recorder.activate()
 
-    def finish(self, summarize: Optional[Callable[[List[Dict[str, Any]]], Any]] = None,
-               timeout: Optional[float] = None) -> Any:
+    def finish(
+        self,
+        summarize: Optional[Callable[[List[Dict[str, Any]]], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> Any:
         """Collective (with a deadline): end-of-run clock offsets, then rank 0 writes every
         rank's file and the merged Chrome trace (``paths``), runs ``summarize(documents)`` and
         shares its result, which every rank returns (None without summarize). A rank that does
@@ -275,7 +280,9 @@ class Session:
         if self.comm.rank != 0:
             _send_bytes(self.comm, pickle.dumps(doc), 0, _TAG_GATHER, deadline)
             return None
-        return [doc] + [pickle.loads(_recv_bytes(self.comm, r, _TAG_GATHER, deadline)) for r in range(1, self.comm.size)]
+        return [doc] + [
+            pickle.loads(_recv_bytes(self.comm, r, _TAG_GATHER, deadline)) for r in range(1, self.comm.size)
+        ]
 
 
 def share_from_root(comm: Any, obj: Any, timeout: float = 120.0) -> Any:
@@ -305,7 +312,9 @@ def load(directory: Any) -> List[Dict[str, Any]]:
     directory = Path(directory)
     paths = sorted(directory.glob("zcoll-trace-rank*.json"))
     if not paths:
-        raise ValueError(f"{directory}: no zcoll-trace-rank*.json files (write them with zcoll.torch.profile)")
+        raise ValueError(
+            f"{directory}: no zcoll-trace-rank*.json files (write them with zcoll.torch.profile)"
+        )
     docs = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
@@ -313,7 +322,9 @@ def load(directory: Any) -> List[Dict[str, Any]]:
         if doc.get("format") != FORMAT:
             raise ValueError(f"{path}: not a zcoll step trace (format {doc.get('format')!r})")
         if doc.get("version") != VERSION:
-            raise ValueError(f"{path}: trace version {doc.get('version')}, this zcoll reads version {VERSION}")
+            raise ValueError(
+                f"{path}: trace version {doc.get('version')}, this zcoll reads version {VERSION}"
+            )
         docs.append(doc)
     docs.sort(key=lambda d: d["rank"])
     size = docs[0]["size"]
@@ -362,8 +373,17 @@ def chrome_trace(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
     def span(rank: int, lane: str, name: str, t0: float, t1: float, args: Dict[str, Any]) -> None:
         m = maps[rank]
         a, b = m(t0), m(t1)
-        raw.append({"name": name, "ph": "X", "pid": rank, "tid": tid(rank, lane), "ts": a, "dur": max(0.0, b - a),
-                    "args": args})
+        raw.append(
+            {
+                "name": name,
+                "ph": "X",
+                "pid": rank,
+                "tid": tid(rank, lane),
+                "ts": a,
+                "dur": max(0.0, b - a),
+                "args": args,
+            }
+        )
 
     for doc in docs:
         r = doc["rank"]
@@ -384,21 +404,42 @@ def chrome_trace(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
                     if b["end"] is None or b["issued"] is None:
                         continue
                     # a hook that reports no start (timed_hook): its worker's previous end or the hand-over
-                    start = b["start"] if b["start"] is not None else max(b["issued"], prev_end or b["issued"])
+                    start = (
+                        b["start"] if b["start"] is not None else max(b["issued"], prev_end or b["issued"])
+                    )
                     prev_end = b["end"] if prev_end is None else max(prev_end, b["end"])
-                    args = {k: v for k, v in b.items() if k not in ("ready", "issued", "start", "end", "params")}
+                    args = {
+                        k: v for k, v in b.items() if k not in ("ready", "issued", "start", "end", "params")
+                    }
                     args["step"] = step["step"]
                     args["start_inferred"] = b["start"] is None
                     span(r, prefix + "communication", f"bucket {b['index']}", start, b["end"], args)
                     m = maps[r]
-                    raw.append({"name": f"bucket {b['index']} ready", "ph": "i", "s": "t", "pid": r,
-                                "tid": tid(r, prefix + "buckets"), "ts": m(b["ready"]),
-                                "args": {"step": step["step"], "hook_us": (b["issued"] - b["ready"]) / 1e3}})
+                    raw.append(
+                        {
+                            "name": f"bucket {b['index']} ready",
+                            "ph": "i",
+                            "s": "t",
+                            "pid": r,
+                            "tid": tid(r, prefix + "buckets"),
+                            "ts": m(b["ready"]),
+                            "args": {"step": step["step"], "hook_us": (b["issued"] - b["ready"]) / 1e3},
+                        }
+                    )
         for name, lane, t0, t1, args in doc["spans"]:
             span(r, lane, name, t0, t1, args)
         for name, lane, t, args in doc["instants"]:
-            raw.append({"name": name, "ph": "i", "s": "t", "pid": r, "tid": tid(r, lane), "ts": maps[r](t),
-                        "args": args})
+            raw.append(
+                {
+                    "name": name,
+                    "ph": "i",
+                    "s": "t",
+                    "pid": r,
+                    "tid": tid(r, lane),
+                    "ts": maps[r](t),
+                    "args": args,
+                }
+            )
     origin = min((e["ts"] for e in raw), default=0.0)
     for e in raw:
         e["ts"] = round((e["ts"] - origin) / 1e3, 3)
@@ -407,12 +448,22 @@ def chrome_trace(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
     meta: List[Dict[str, Any]] = []
     for doc in docs:
         r = doc["rank"]
-        meta.append({"name": "process_name", "ph": "M", "pid": r, "tid": 0,
-                     "args": {"name": f"rank {r} ({doc['meta'].get('host', '?')})"}})
+        meta.append(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": r,
+                "tid": 0,
+                "args": {"name": f"rank {r} ({doc['meta'].get('host', '?')})"},
+            }
+        )
         meta.append({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}})
     for (r, lane), t in tids.items():
         meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": t, "args": {"name": lane}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": r, "tid": t, "args": {"sort_index": t}})
     clocks = {d["rank"]: d["meta"]["clock"] for d in docs}
-    return {"traceEvents": meta + raw, "displayTimeUnit": "ms",
-            "otherData": {"producer": "zcoll", "clock_offsets_to_rank0": clocks}}
+    return {
+        "traceEvents": meta + raw,
+        "displayTimeUnit": "ms",
+        "otherData": {"producer": "zcoll", "clock_offsets_to_rank0": clocks},
+    }

@@ -31,8 +31,13 @@ PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 def net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                               torch.nn.Linear(64, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 4),
+    )
 
 
 def shared_dir() -> str:
@@ -57,18 +62,24 @@ def zcoll_ddp(**kw):
 
 def check_steps(ck: Checks, doc: dict, steps: int, counts_bytes: bool = True):
     model = doc["models"][0]
-    ck.check(len(model["steps"]) == steps, "step count", f"rank {doc['rank']}: {len(model['steps'])} != {steps}")
+    ck.check(
+        len(model["steps"]) == steps, "step count", f"rank {doc['rank']}: {len(model['steps'])} != {steps}"
+    )
     for s in model["steps"][1:]:
         ph = s["phases"]
         missing = [p for p in PHASES if p not in ph or ph[p][1] is None]
         ck.check(not missing, "phases", f"rank {doc['rank']} step {s['step']} lacks {missing}")
         if missing:
             continue
-        order = [ph["data"][0] <= ph["data"][1] <= ph["forward"][0] < ph["forward"][1] <= ph["backward"][0],
-                 ph["backward"][0] < ph["backward"][1] <= ph["sync"][0] <= ph["sync"][1] <= ph["optimizer"][0],
-                 ph["optimizer"][0] < ph["optimizer"][1]]
+        order = [
+            ph["data"][0] <= ph["data"][1] <= ph["forward"][0] < ph["forward"][1] <= ph["backward"][0],
+            ph["backward"][0] < ph["backward"][1] <= ph["sync"][0] <= ph["sync"][1] <= ph["optimizer"][0],
+            ph["optimizer"][0] < ph["optimizer"][1],
+        ]
         ck.check(all(order), "phase order", f"rank {doc['rank']} step {s['step']}: {ph}")
-        ck.check(len(s["buckets"]) >= 2, "buckets", f"rank {doc['rank']} step {s['step']}: {len(s['buckets'])}")
+        ck.check(
+            len(s["buckets"]) >= 2, "buckets", f"rank {doc['rank']} step {s['step']}: {len(s['buckets'])}"
+        )
         for b in s["buckets"]:
             ok = ph["backward"][0] <= b["ready"] <= b["issued"] and b["end"] <= ph["sync"][1]
             ok = ok and (b["start"] is None or b["ready"] <= b["start"] <= b["end"])
@@ -83,8 +94,11 @@ def case_trace_files_phases_buckets_and_chrome_json(ck: Checks):
     with zcoll.torch.profile(ddp, d, steps=8, warmup=2) as prof:
         train(ddp, 8)
     a = prof.analysis
-    ck.check(isinstance(a, dict) and a.get("verdict") in ("compute-bound", "link-bound", "overhead-bound"),
-             "analysis on every rank", f"{a}")
+    ck.check(
+        isinstance(a, dict) and a.get("verdict") in ("compute-bound", "link-bound", "overhead-bound"),
+        "analysis on every rank",
+        f"{a}",
+    )
     ck.same_on_all_ranks("verdict", str(a.get("verdict")).encode())
     if R != 0:
         ck.check(prof.paths == [], "only rank 0 writes")
@@ -95,16 +109,27 @@ def case_trace_files_phases_buckets_and_chrome_json(ck: Checks):
     docs = trace.load(d)
     for doc in docs:
         check_steps(ck, doc, 8)
-        ck.check(doc["models"][0]["backend"] == "zcoll" and "calibration" in doc["models"][0], "model description")
-        ck.check({"int8", "top1%"} <= set(doc["models"][0]["codecs"]), "codec rates", f"{doc['models'][0]['codecs']}")
+        ck.check(
+            doc["models"][0]["backend"] == "zcoll" and "calibration" in doc["models"][0], "model description"
+        )
+        ck.check(
+            {"int8", "top1%"} <= set(doc["models"][0]["codecs"]),
+            "codec rates",
+            f"{doc['models'][0]['codecs']}",
+        )
     with open(os.path.join(d, "zcoll-trace.json")) as f:
         chrome = json.load(f)
     problems = validate(chrome)
     ck.check(not problems, "Chrome trace format", "; ".join(problems[:5]))
     for r in range(N):
         names_r = {e["name"] for e in chrome["traceEvents"] if e["pid"] == r and e["ph"] == "X"}
-        ck.check(set(PHASES) | {"bucket 0", "bucket 1"} <= names_r, "spans per rank", f"rank {r}: {sorted(names_r)}")
-    report = open(os.path.join(d, "zcoll-report.txt")).read()
+        ck.check(
+            set(PHASES) | {"bucket 0", "bucket 1"} <= names_r,
+            "spans per rank",
+            f"rank {r}: {sorted(names_r)}",
+        )
+    with open(os.path.join(d, "zcoll-report.txt")) as f:
+        report = f.read()
     ck.check("VERDICT" in report and "buckets, rank 0" in report, "report text", report[:300])
 
 
@@ -152,8 +177,11 @@ def case_skewed_and_drifting_clocks_are_aligned(ck: Checks):
     for at in ("start", "end"):  # the true offset at local time L: T - L, where L = clock() at T
         L = c[at]["local_ns"]
         true = base + (L - base - skew) / (1 + 0.05 * R) - L
-        ck.check(abs(c[at]["offset_ns"] - true) <= c[at]["rtt_ns"] // 2 + 1000, "offset recovers skew and drift",
-                 f"{at}: measured {c[at]['offset_ns']}, true {true:.0f}")
+        ck.check(
+            abs(c[at]["offset_ns"] - true) <= c[at]["rtt_ns"] // 2 + 1000,
+            "offset recovers skew and drift",
+            f"{at}: measured {c[at]['offset_ns']}, true {true:.0f}",
+        )
     every = WORLD.gather((c, pairs), root=0)
     if R == 0:
         received_at = {}
@@ -164,9 +192,12 @@ def case_skewed_and_drifting_clocks_are_aligned(ck: Checks):
             m = trace.ClockMap(clock_r)
             tol = max(clock_r["start"]["rtt_ns"], clock_r["end"]["rtt_ns"])
             for (sent, got, root_sent), root_got in zip(pairs_r, received_at[r]):
-                ck.check(m(sent) <= root_got + tol and m(got) >= root_sent - tol, "causal after mapping",
-                         f"rank {r}: sent {m(sent) - root_got:.0f} ns after rank 0 received; received "
-                         f"{root_sent - m(got):.0f} ns before rank 0 sent (tolerance {tol} ns)")
+                ck.check(
+                    m(sent) <= root_got + tol and m(got) >= root_sent - tol,
+                    "causal after mapping",
+                    f"rank {r}: sent {m(sent) - root_got:.0f} ns after rank 0 received; received "
+                    f"{root_sent - m(got):.0f} ns before rank 0 sent (tolerance {tol} ns)",
+                )
             drift = trace.ClockMap({"start": clock_r["start"]})  # the start offset alone
             late = max(drift(sent) - root_got for (sent, _, _), root_got in zip(pairs_r, received_at[r]))
             ck.check(late > tol, "the drift matters here", f"{late} <= {tol}")
@@ -178,12 +209,16 @@ def case_torch_profiler_sees_the_spans(ck: Checks):
     ddp = zcoll_ddp()
     train(ddp, 2)
     every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-    for config, want in ((None, {"zcoll.forward", "zcoll.backward", "zcoll.sync", "zcoll.optimizer"}),
-                         (every_thread, {"zcoll.bucket0", "zcoll.bucket1"})):
-        with zcoll.torch.profile(ddp, shared_dir(), steps=5, calibrate=False, probe_bytes=0):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                        experimental_config=config) as tp:
-                train(ddp, 3)
+    for config, want in (
+        (None, {"zcoll.forward", "zcoll.backward", "zcoll.sync", "zcoll.optimizer"}),
+        (every_thread, {"zcoll.bucket0", "zcoll.bucket1"}),
+    ):
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        with (
+            zcoll.torch.profile(ddp, shared_dir(), steps=5, calibrate=False, probe_bytes=0),
+            torch.profiler.profile(activities=cpu, experimental_config=config) as tp,
+        ):
+            train(ddp, 3)
         names = {e.key for e in tp.key_averages()}
         ck.check(want <= names, "record_function ranges", f"missing {sorted(want - names)}")
 
@@ -194,13 +229,16 @@ def case_gloo_model_gets_a_timed_hook(ck: Checks):
     train(ddp, 2)
     with zcoll.torch.profile(ddp, d, steps=6, warmup=2) as prof:
         train(ddp, 6)
-    ck.check(ddp._comm_hooks and ddp._comm_hooks[0][0].__name__ == "timed__average", "hook",
-             f"{ddp._comm_hooks}")
+    ck.check(
+        ddp._comm_hooks and ddp._comm_hooks[0][0].__name__ == "timed__average", "hook", f"{ddp._comm_hooks}"
+    )
     ck.check(prof.analysis.get("backend") == "gloo", "analysed", f"{prof.analysis}")
     if R == 0:
         for doc in trace.load(d):
             check_steps(ck, doc, 6, counts_bytes=False)
-    ck.same_on_all_ranks("parameters", torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]).numpy().tobytes())
+    ck.same_on_all_ranks(
+        "parameters", torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]).numpy().tobytes()
+    )
 
 
 def case_profiled_training_matches_unprofiled(ck: Checks):
@@ -247,9 +285,15 @@ def case_compressed_buckets_report_the_method_and_fewer_bytes(ck: Checks):
         doc = trace.load(d)[0]
         bs = [b for s in doc["models"][0]["steps"] for b in s["buckets"]]
         ck.check(all(b["method"].startswith("GradientQuantizer(bits=8") for b in bs), "method", f"{bs[0]}")
-        ck.check(all(b["wire"] < b["bytes"] / 2 for b in bs), "fewer bytes", f"{[(b['wire'], b['bytes']) for b in bs]}")
+        ck.check(
+            all(b["wire"] < b["bytes"] / 2 for b in bs),
+            "fewer bytes",
+            f"{[(b['wire'], b['bytes']) for b in bs]}",
+        )
         ck.check(bs[0]["method"] in doc["models"][0]["codecs"], "its codec timed")
-    ck.check("int8" not in [s.get("method") for s in prof.analysis["suggestions"]], "no suggestion of what runs")
+    ck.check(
+        "int8" not in [s.get("method") for s in prof.analysis["suggestions"]], "no suggestion of what runs"
+    )
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ def compressor(method: str) -> Any:
     if method not in CANDIDATE_CODECS:
         raise ValueError(f"unknown compression method {method!r}; known: {', '.join(CANDIDATE_CODECS)}")
     return CANDIDATE_CODECS[method][1](zcoll, method != "fp16")
+
+
 CODEC_SAMPLE_ELEMENTS = 1 << 20
 MAX_ENV_STEPS = 500  # steps ZCOLL_TRACE records per model
 
@@ -145,13 +147,20 @@ class ModelTracer:
     def attach(self) -> None:
         self._last_end = None  # the first step after a pause has no data phase
         d = self.ddp
-        self._handles += [d.register_forward_pre_hook(self._pre_forward), d.register_forward_hook(self._post_forward)]
+        self._handles += [
+            d.register_forward_pre_hook(self._pre_forward),
+            d.register_forward_hook(self._post_forward),
+        ]
         if self.optimizer is not None:
-            self._handles += [self.optimizer.register_step_pre_hook(self._pre_step),
-                              self.optimizer.register_step_post_hook(self._post_step)]
+            self._handles += [
+                self.optimizer.register_step_pre_hook(self._pre_step),
+                self.optimizer.register_step_post_hook(self._post_step),
+            ]
         else:
-            self._handles += [register_optimizer_step_pre_hook(self._pre_step),
-                              register_optimizer_step_post_hook(self._post_step)]
+            self._handles += [
+                register_optimizer_step_pre_hook(self._pre_step),
+                register_optimizer_step_post_hook(self._post_step),
+            ]
 
     def detach(self) -> None:
         global active
@@ -264,8 +273,16 @@ class ModelTracer:
         if "backward" not in cur["phases"]:  # the output's gradient hook did not fire
             self._backward_started()
         index = bucket.index()
-        rec: Dict[str, Any] = {"index": index, "bytes": buf.numel() * buf.element_size(), "ready": t,
-                               "issued": None, "start": None, "end": None, "wire": None, "method": "none"}
+        rec: Dict[str, Any] = {
+            "index": index,
+            "bytes": buf.numel() * buf.element_size(),
+            "ready": t,
+            "issued": None,
+            "start": None,
+            "end": None,
+            "wire": None,
+            "method": "none",
+        }
         if self._bucket_numel.get(index) != buf.numel():
             self._bucket_numel[index] = buf.numel()
             rec["params"] = [p.numel() * p.element_size() for p in bucket.parameters()]
@@ -276,8 +293,15 @@ class ModelTracer:
         cur["buckets"].append(rec)
         return rec
 
-    def bucket(self, bucket: Any, buf: torch.Tensor, pg: Any, run: Callable[[], Any], value: Any,
-               compressor: Any = None) -> torch.futures.Future:
+    def bucket(
+        self,
+        bucket: Any,
+        buf: torch.Tensor,
+        pg: Any,
+        run: Callable[[], Any],
+        value: Any,
+        compressor: Any = None,
+    ) -> torch.futures.Future:
         """What zcoll's hooks call instead of ``pg.submit(run, value).get_future()`` while this
         tracer is active: the same, with the bucket timed (ready, hook return, start and end on
         the worker, bytes sent)."""
@@ -354,7 +378,9 @@ class ModelTracer:
         self.model["codecs"] = codecs
 
 
-def _time_codec(compressor: Any, x: torch.Tensor, out: torch.Tensor, stateless_copy: bool = False) -> Dict[str, Any]:
+def _time_codec(
+    compressor: Any, x: torch.Tensor, out: torch.Tensor, stateless_copy: bool = False
+) -> Dict[str, Any]:
     """Seconds per dense byte to encode and to decode, the payload bytes per dense byte, and
     whether the allreduce exchanges pairs (sparse: allgather) or payloads reduced along a ring."""
     import copy
@@ -374,9 +400,13 @@ def _time_codec(compressor: Any, x: torch.Tensor, out: torch.Tensor, stateless_c
         dec.append(t2 - t1)
     dense = x.numel() * x.element_size()
     kind = type(compressor).__name__
-    return {"encode_s_per_byte": min(enc) / dense, "decode_s_per_byte": min(dec) / dense,
-            "payload_ratio": payload.nbytes / dense,
-            "exchange": "allgather" if kind in ("TopK", "Threshold") else "ring", "name": repr(compressor)}
+    return {
+        "encode_s_per_byte": min(enc) / dense,
+        "decode_s_per_byte": min(dec) / dense,
+        "payload_ratio": payload.nbytes / dense,
+        "exchange": "allgather" if kind in ("TopK", "Threshold") else "ring",
+        "name": repr(compressor),
+    }
 
 
 def _zcoll_group(pg: Any) -> Any:
@@ -473,9 +503,18 @@ class StepProfiler:
     ``analysis`` (a dict: verdict, suggestions, per-rank figures; the same on every rank) and
     ``paths`` (the files rank 0 wrote; [] elsewhere)."""
 
-    def __init__(self, ddp: DDP, directory: Any, *, optimizer: Any = None, steps: int = 200,
-                 probe_bytes: int = 4 << 20, calibrate: bool = True, warmup: int = 3,
-                 clock: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        ddp: DDP,
+        directory: Any,
+        *,
+        optimizer: Any = None,
+        steps: int = 200,
+        probe_bytes: int = 4 << 20,
+        calibrate: bool = True,
+        warmup: int = 3,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ):
         if not isinstance(ddp, DDP):
             raise TypeError(
                 f"zcoll.torch.profile: expected a DistributedDataParallel model, got {type(ddp).__name__}"
@@ -483,7 +522,12 @@ class StepProfiler:
         if steps < 1:
             raise ValueError(f"zcoll.torch.profile: steps must be >= 1, got {steps}")
         self.ddp, self.directory, self.optimizer = ddp, Path(directory), optimizer
-        self.steps, self.probe_bytes, self.calibrate_group, self.warmup = steps, probe_bytes, calibrate, warmup
+        self.steps, self.probe_bytes, self.calibrate_group, self.warmup = (
+            steps,
+            probe_bytes,
+            calibrate,
+            warmup,
+        )
         self.clock = clock
         self.session: Optional[_trace.Session] = None
         self.tracer: Optional[ModelTracer] = None
@@ -493,8 +537,12 @@ class StepProfiler:
     def __enter__(self) -> "StepProfiler":
         if self.ddp in _traced:
             raise ValueError("zcoll.torch.profile: this model is already being profiled (ZCOLL_TRACE?)")
-        self.session = _trace.Session(self.directory, _mpi_world(), clock=self.clock, probe_bytes=self.probe_bytes)
-        self.tracer = _start_tracer(self.session.recorder, self.ddp, self.optimizer, self.steps, self.calibrate_group)
+        self.session = _trace.Session(
+            self.directory, _mpi_world(), clock=self.clock, probe_bytes=self.probe_bytes
+        )
+        self.tracer = _start_tracer(
+            self.session.recorder, self.ddp, self.optimizer, self.steps, self.calibrate_group
+        )
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -549,8 +597,16 @@ def _summarize(docs: List[Dict[str, Any]], directory: Path, warmup: int) -> Any:
     return summaries[0] if len(summaries) == 1 else summaries
 
 
-def profile(ddp_model: DDP, dir: Any = "zcoll-trace", *, optimizer: Any = None, steps: int = 200,
-            probe_bytes: int = 4 << 20, calibrate: bool = True, warmup: int = 3) -> StepProfiler:
+def profile(
+    ddp_model: DDP,
+    dir: Any = "zcoll-trace",
+    *,
+    optimizer: Any = None,
+    steps: int = 200,
+    probe_bytes: int = 4 << 20,
+    calibrate: bool = True,
+    warmup: int = 3,
+) -> StepProfiler:
     """Profiles the training steps of a DDP model inside a ``with`` block (collective: every
     rank enters and leaves it).
 
@@ -569,8 +625,15 @@ def profile(ddp_model: DDP, dir: Any = "zcoll-trace", *, optimizer: Any = None, 
         if dist.get_rank() == 0:
             print(prof.analysis["verdict"], prof.analysis["suggestions"][0])
     """
-    return StepProfiler(ddp_model, dir, optimizer=optimizer, steps=steps, probe_bytes=probe_bytes,
-                        calibrate=calibrate, warmup=warmup)
+    return StepProfiler(
+        ddp_model,
+        dir,
+        optimizer=optimizer,
+        steps=steps,
+        probe_bytes=probe_bytes,
+        calibrate=calibrate,
+        warmup=warmup,
+    )
 
 
 # -- ZCOLL_TRACE: every DDP model of the program ---------------------------------------------------------
@@ -592,8 +655,11 @@ class _EnvTracing:
             return
         self.checked.add(opt)
         mine = {id(p) for g in opt.param_groups for p in g["params"]}
-        found = [o for o in gc.get_objects()
-                 if isinstance(o, DDP) and o not in _traced and any(id(p) in mine for p in o.parameters())]
+        found = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, DDP) and o not in _traced and any(id(p) in mine for p in o.parameters())
+        ]
         for ddp in found:
             if self.session is None:
                 self.session = _trace.Session(self.directory, _mpi_world())
