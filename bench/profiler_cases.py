@@ -16,9 +16,10 @@ Steps: 1. warm up, profile --steps steps, print the verdict and the suggestions;
 kind in --follow (bucket, compression, accumulation): take that suggestion, build a second model
 with it (same initial weights and data) and run both in alternating blocks of --block steps, each
 under its own profiler (--rounds rounds), so both see the same machine; the prediction is made
-again from the first model's interleaved steps (Analysis.predict of the suggested setting) and
+again from the first model's interleaved steps (Analysis.predict of the suggested setting; the
+first steps after each switch are run unrecorded) and
 compared with the second model's measured step time (the median; per micro-batch for
-accumulation, whose steps alternate). One JSON line at the end (RESULT {...}) for the tests.
+accumulation, whose steps alternate). --result FILE: the figures as JSON (for the tests).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def options(argv=None):
         help="comma-separated suggestion kinds to follow: bucket,compression,accumulation",
     )
     p.add_argument("--out", default=None, help="trace directory (default: a temporary one)")
+    p.add_argument(
+        "--result", default=None, help="write the verdict, suggestions and comparisons here (JSON)"
+    )
     return p.parse_args(argv)
 
 
@@ -115,10 +119,12 @@ def profile_alone(args, directory, trainer):
 
 
 def interleaved(args, root, kind, base, follow, accumulation):
-    """Blocks of the base and the follow model in turn, each profiled; returns (prediction from
-    the base's steps for the follow's setting, the follow's measured step time) on rank 0."""
-    block = max(args.block, 2 * accumulation)  # whole updates, and a contiguous step after each switch
-    block += -block % accumulation
+    """Blocks of the base and the follow model in turn, each under its own profiler; the first
+    steps after a switch are not recorded (caches, TCP's window after an idle link). Returns the
+    base's trace directory and the follow's analysis."""
+    block = max(args.block, 2 * accumulation)
+    block += -block % accumulation  # whole updates
+    settle = 2 * accumulation
     follow.steps(args.warmup * accumulation)
     a_dir, b_dir = os.path.join(root, kind + "-base"), os.path.join(root, kind)
     limit = args.rounds * block + 10
@@ -127,10 +133,11 @@ def interleaved(args, root, kind, base, follow, accumulation):
         zcoll.torch.profile(follow.ddp, b_dir, steps=limit) as pb,
     ):
         for _ in range(args.rounds):
-            with pb.paused():
-                base.steps(block)
-            with pa.paused():
-                follow.steps(block)
+            for trainer, mine, other in ((base, pa, pb), (follow, pb, pa)):
+                with other.paused():
+                    with mine.paused():
+                        trainer.steps(settle)
+                    trainer.steps(block)
     return a_dir, pb.analysis
 
 
@@ -143,7 +150,8 @@ def predicted_for(a_dir, s):
 
 def say(msg):
     if dist.get_rank() == 0:
-        print(msg, flush=True)
+        sys.stdout.write(msg + "\n")  # one write: hydra marks every chunk with the rank
+        sys.stdout.flush()
 
 
 def main(argv=None):
@@ -202,7 +210,9 @@ def main(argv=None):
                     "verdict": b["verdict"],
                 }
             )
-    say("RESULT " + json.dumps(result))
+    if args.result and dist.get_rank() == 0:
+        with open(args.result, "w") as f:
+            json.dump(result, f)
     dist.destroy_process_group()
     return 0
 

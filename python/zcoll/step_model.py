@@ -14,8 +14,10 @@ it was measured, so only the setting changes between the two.
    become ready), each made ready at a tau interpolated linearly in bytes between the ends of
    the measured buckets. New buckets are cut from this stream as DDP does (a bucket closes once
    it reaches its cap; the first may have its own cap) and are ready at their last gradient.
-3. Hooks: each bucket costs eta on the compute thread, so bucket j is handed over at
-   tau'_j + (j + 1) eta and the pass ends at tau_end + N' eta.
+3. Hooks: each bucket's hook costs time on the compute thread: eta_wake when it wakes an idle
+   worker (the previous collective and the worker's turnaround after it, gap, have ended:
+   waking a thread costs far more than queueing for a busy one), eta_busy otherwise. Bucket j is handed over after its gradients and every hook
+   so far, and the pass ends at tau_end + the hooks' time.
 4. Communication: one ordered worker per rank, one collective per bucket. Bucket j's
    collective starts once every rank has handed it over (rank r's backward pass began offset_r
    after rank 0's; + h_idle, its worker's wake-up) and gap after the previous collective ended
@@ -25,7 +27,7 @@ it was measured, so only the setting changes between the two.
    top-k's allgather), codec the compression kernels' time (encode + (2 - 1/p) decode per dense
    byte on a ring, encode + decode for top-k) overlapped with the transfer (the compressed
    algorithms pipeline them), alpha the per-call cost.
-5. Step of rank r: other + tau_end + N' eta + max(0, last end - end of its backward pass) +
+5. Step of rank r: other + tau_end + hooks + max(0, last end - end of its backward pass) +
    finalize (DDP's copy of the results: the part of ``sync`` not spent waiting).
    With accumulation k: (k - 1) steps without communication (the measured ones, else
    other - optimizer + tau_end) and one with; the figure is the mean time per micro-batch.
@@ -34,8 +36,8 @@ Constants: c of a traced bucket is measured from the last rank's start to the fi
 (clocks aligned), so waiting for a late rank is not counted as cost. beta: the slope of a
 least-squares line through the traced buckets (bytes sent, c) when the run is uncompressed and
 their sizes span at least 4x up to at least 256 KiB; otherwise from the start-up calibration
-(two allreduce sizes through the same process group), else from the link probe. alpha, eta,
-h_idle and gap: each traced step's own mean (alpha: what its buckets took beyond beta x and
+(two allreduce sizes through the same process group), else from the link probe. alpha, eta_wake,
+eta_busy, h_idle and gap: each traced step's own mean (alpha: what its buckets took beyond beta x and
 their codec time; gap: from one collective's end, the first rank's, to the next one's start, the
 last rank's, where every rank had handed the next bucket over before), sums over buckets being
 what matters.
@@ -102,7 +104,8 @@ class Shape:
     optimizer: float
     offset: float  # start of its backward pass after rank 0's (aligned clocks)
     tau_end: float  # compute-clock length of the backward pass
-    eta: float  # compute-thread time per bucket hook (this step's mean)
+    eta_wake: float  # compute-thread time of a hook that wakes an idle worker (this step's mean)
+    eta_busy: float  # ... of a hook while the worker is busy with an earlier bucket
     ready_tau: List[float]  # compute-clock time each measured bucket was complete
     ready_bytes: List[float]  # cumulative dense bytes through each measured bucket
     params: Tuple[int, ...]  # gradient sizes in bucket order
@@ -184,18 +187,21 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
     ovh = cfg.overhead_scale
     ends, cost = plan
     n = len(ends)
-    end = -math.inf
-    if n:
-        steps = np.arange(1, n + 1)
-        handed = np.max(
-            [s.offset + s.tau_at(ends) + s.eta * ovh * steps + s.h_idle * ovh for s in ranks], axis=0
-        )
-        alpha, gap = step.alpha * ovh, step.gap * ovh
-        for h, c in zip(handed.tolist(), cost.tolist()):
-            end = max(h, end + gap) + alpha + c
+    ready = [s.offset + s.tau_at(ends) for s in ranks]  # before any hook's time
+    hooks = [0.0] * len(ranks)
+    alpha, gap, end = step.alpha * ovh, step.gap * ovh, -math.inf
+    for j in range(n):
+        handed = -math.inf
+        for r, s in enumerate(ranks):
+            t = ready[r][j] + hooks[r]
+            idle = end + step.gap <= t  # the worker finished the previous collective and its turnaround
+            eta = (s.eta_wake if idle else s.eta_busy) * ovh
+            hooks[r] += eta
+            handed = max(handed, t + eta + (s.h_idle * ovh if idle else 0.0))
+        end = max(handed, end + gap) + alpha + float(cost[j])
     times = []
-    for s in ranks:
-        backward = s.tau_end + n * s.eta * ovh
+    for r, s in enumerate(ranks):
+        backward = s.tau_end + hooks[r]
         exposed = max(0.0, end - s.offset - backward) if n else 0.0
         t = s.other + backward + exposed + s.finalize * ovh
         times.append(((k - 1) * s.quiet() + t) / k)
@@ -242,20 +248,17 @@ def fit_link(
 
 
 def _calibrated_beta(calibration: Optional[Dict[str, Any]], ranks: int) -> Tuple[Optional[float], str]:
-    if not calibration or len(calibration.get("points", [])) < 2:
-        return None, ""
-    small, large = calibration["points"][0], calibration["points"][-1]
+    """Seconds per byte sent of the calibration's allreduces: least squares over its sizes'
+    medians."""
+    points = (calibration or {}).get("points", [])
     ring = 2.0 * (ranks - 1) / ranks
-
-    def sent(p: Dict[str, Any]) -> float:
-        return p["wire"] if p.get("wire") else p["bytes"] * ring
-
-    dx = sent(large) - sent(small)
-    if dx <= 0:
+    sent = np.array([p["wire"] if p.get("wire") else p["bytes"] * ring for p in points], dtype=float)
+    if len(points) < 2 or sent.max() <= sent.min():
         return None, ""
-    return max(
-        0.0, (large["seconds"] - small["seconds"]) / dx
-    ), "the start-up calibration (two allreduce sizes)"
+    slope = float(np.polyfit(sent, [p["seconds"] for p in points], 1)[0])
+    if slope <= 0:  # noise beat the bytes: no information
+        return None, ""
+    return slope, "the start-up calibration (allreduces of several sizes)"
 
 
 # -- verdict and suggestions ---------------------------------------------------------------------------

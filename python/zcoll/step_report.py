@@ -21,6 +21,7 @@ step's slowest rank: the one with the longest step minus sync (the others waited
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
@@ -256,30 +257,49 @@ def _collectives(figs: List[StepFigures]) -> Optional[Dict[str, List[float]]]:
 
 
 def _shape(
-    f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet: Optional[float]
+    f: StepFigures, stream: tuple, cum: List[float], offset: float, quiet: Optional[float], gap: float
 ) -> sm.Shape:
-    """The model's view of one step of one rank."""
-    hooks, tau, etas, idle = 0.0, [], [], []
+    """The model's view of one step of one rank (hook costs the step lacks are NaN, filled in by
+    _fill_hooks). A hook woke the worker when the previous collective had ended, and the
+    worker's turnaround after it (gap) too, before the bucket was ready."""
+    hooks, tau, wake, busy, idle, prev_end = 0.0, [], [], [], [], None
     for b in f.buckets:
         tau.append(b["ready"] - hooks)
-        etas.append(b["issued"] - b["ready"])
-        hooks += etas[-1]
-        if b["measured_start"] and (b["after_prev"] is None or b["after_prev"] >= b["start"] - b["issued"]):
-            idle.append(b["start"] - b["issued"])  # its worker was idle: the wake-up
+        eta = b["issued"] - b["ready"]
+        hooks += eta
+        woke = prev_end is None or prev_end + gap <= b["ready"]
+        (wake if woke else busy).append(eta)
+        if woke and b["measured_start"]:
+            idle.append(b["start"] - b["issued"])
+        prev_end = b["end"] if prev_end is None else max(prev_end, b["end"])
+    mean = lambda v: float(np.mean(v)) if v else float("nan")  # noqa: E731
     return sm.Shape(
         step=f.duration,
         other=f.duration - f.phases["backward"] - f.phases["sync"],
         optimizer=f.phases.get("optimizer", 0.0),
         offset=offset,
         tau_end=f.backward_end - hooks,
-        eta=float(np.mean(etas)) if etas else 0.0,
+        eta_wake=mean(wake),
+        eta_busy=mean(busy),
         ready_tau=tau,
         ready_bytes=cum,
         params=stream,
-        h_idle=float(np.mean(idle)) if idle else 0.0,
+        h_idle=mean(idle) if idle else 0.0,
         finalize=max(0.0, f.phases["sync"] - f.exposed),
         quiet_step=quiet,
     )
+
+
+def _fill_hooks(shapes: List[sm.Shape]) -> None:
+    """A step with no hook of a kind (every bucket woke its worker, say) takes that kind's
+    median over the rank's steps, else the other kind's."""
+    for kind, other in (("eta_wake", "eta_busy"), ("eta_busy", "eta_wake")):
+        seen = [getattr(s, kind) for s in shapes if not math.isnan(getattr(s, kind))]
+        seen_other = [getattr(s, other) for s in shapes if not math.isnan(getattr(s, other))]
+        fill = float(np.median(seen)) if seen else (float(np.median(seen_other)) if seen_other else 0.0)
+        for s in shapes:
+            if math.isnan(getattr(s, kind)):
+                setattr(s, kind, fill)
 
 
 def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
@@ -377,19 +397,14 @@ def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> 
             continue  # steps without communication (accumulation) enter through quiet_step
         bk = figs[0].buckets
         alpha = a.link.residuals([b["bytes"] for b in bk], [b["wire"] for b in bk], j["calls"])
+        gap = float(np.mean(j["gaps"])) if j["gaps"] else 0.0
         ranks = [
-            _shape(
-                f,
-                streams[r][0],
-                streams[r][1],
-                (f.backward_start - figs[0].backward_start) * 1e-9,
-                streams[r][2],
-            )
+            _shape(f, *streams[r][:2], (f.backward_start - figs[0].backward_start) * 1e-9, streams[r][2], gap)
             for r, f in enumerate(figs)
         ]
-        a.shapes.append(
-            sm.StepShape(ranks, float(np.mean(alpha)), float(np.mean(j["gaps"])) if j["gaps"] else 0.0)
-        )
+        a.shapes.append(sm.StepShape(ranks, float(np.mean(alpha)), gap))
+    for r in range(a.ranks):
+        _fill_hooks([s.ranks[r] for s in a.shapes])
     if not a.shapes:
         raise ValueError(
             f"model {a.model['id']} ({a.model['name']}): no analysed step communicated on every rank"
@@ -507,7 +522,12 @@ def _text_one(a: Analysis, where: str) -> List[str]:
     L.append(f"VERDICT: {v['label'].upper()}: {v['reason']}")
     L.append(
         f"  model: alpha {link.alpha * 1e6:.0f} us per call, {1 / link.beta / 1e6 if link.beta else float('inf'):.1f} MB/s "
-        f"per rank on the wire ({link.source}); per-bucket hook {np.median([r.eta for s in a.shapes for r in s.ranks]) * 1e6:.0f} us"
+        f"per rank on the wire ({link.source})"
+    )
+    ranks_ = [r for s in a.shapes for r in s.ranks]
+    L.append(
+        f"  a bucket's hook on the training thread: {np.median([r.eta_wake for r in ranks_]) * 1e6:.0f} us when it "
+        f"wakes the idle worker, {np.median([r.eta_busy for r in ranks_]) * 1e6:.0f} us when the worker is busy"
     )
     measured = a.measured()
     L.append(

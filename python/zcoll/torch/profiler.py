@@ -343,17 +343,18 @@ class ModelTracer:
         return fut.then(done)
 
     # -- once per model: the group's allreduce and the codecs ----------------------------------------
-    def calibrate(self, large_bytes: int = 4 << 20, repeats: int = 3) -> None:
-        """Collective over the model's process group: the time of an allreduce of 256 bytes and
-        of min(large_bytes, the model's gradients) through the group (async, as buckets go)."""
-        p = self.pg.size()
+    def calibrate(self, large_bytes: int = 4 << 20, repeats: int = 5) -> None:
+        """Collective over the model's process group: allreduces of 256 bytes, min(1 MiB, the
+        gradients) and min(large_bytes, the gradients) through the group (asynchronous, as
+        buckets go), the median of `repeats` after a warm-up, and the bytes each sent."""
         zc = _zcoll_group(self.pg)
-        grad_bytes = self.model["gradient_bytes"]
+        grad = max(256, self.model["gradient_bytes"])
+        sizes = sorted({256, min(1 << 20, grad), min(large_bytes, grad)})
         points = []
-        for nbytes, reps in ((256, 4 * repeats), (max(256, min(large_bytes, grad_bytes)), repeats)):
+        for nbytes in sizes:
             t = torch.zeros(nbytes // 4)
             times, wires = [], []
-            for i in range(reps + 1):
+            for i in range(repeats + 1):
                 sent = zc.communicator.stats()["bytes_sent"] if zc is not None else 0
                 t0 = time.perf_counter()
                 dist.all_reduce(t, group=self.pg, async_op=True).wait()
@@ -361,7 +362,7 @@ class ModelTracer:
                     times.append(time.perf_counter() - t0)
                     wires.append(zc.communicator.stats()["bytes_sent"] - sent if zc is not None else None)
             points.append({"bytes": nbytes, "wire": wires[0], "seconds": float(np.median(times))})
-        self.model["calibration"] = {"points": points, "ranks": p}
+        self.model["calibration"] = {"points": points, "ranks": self.pg.size()}
 
     def time_codecs(self) -> None:
         """Local: encode and decode rates of zcoll's compressors (the candidates and any seen in
