@@ -8,7 +8,7 @@
 Cases (DDP on zcoll, Adam, one thread per rank):
   link      a 4-layer MLP of --hidden units, batch 32, DDP's default buckets: over a slow link
             the transfer of its gradients dominates the step;
-  compute   a 2-layer MLP, batch 8192: the step is matrix products, the gradients are small;
+  compute   a 2-layer MLP, batch 16384: the step is matrix products, the gradients are small;
   overhead  24 layers of 32x32, batch 16, bucket_cap_mb=0.0001: one bucket per tensor (50),
             each costing its hook and its call while it carries a few KB.
 
@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 CASES = {
     # name: (layer widths, batch per rank, bucket_cap_mb or None for DDP's default)
     "link": (None, 32, None),
-    "compute": ([64, 256, 10], 8192, None),
+    "compute": ([64, 256, 10], 16384, None),
     "overhead": ([64] + [32] * 24 + [10], 16, 0.0001),
 }
 

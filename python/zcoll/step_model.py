@@ -182,8 +182,9 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
     mean over ranks."""
     ranks = step.ranks
     k = cfg.accumulation
-    if not cfg.communicate:
-        return sum(((k - 1) * s.quiet() + s.other + s.tau_end) / k for s in ranks) / len(ranks)
+    if not cfg.communicate:  # the ranks still meet once per update: the slowest one's compute
+        quiet = sum(s.quiet() for s in ranks) / len(ranks)
+        return ((k - 1) * quiet + max(s.other + s.tau_end for s in ranks)) / k
     ovh = cfg.overhead_scale
     ends, cost = plan
     n = len(ends)
