@@ -315,6 +315,7 @@ def verdict(shapes: Sequence[StepShape], link: Link, current: Config) -> Dict[st
 
 
 LOSSINESS = ("none", "fp16", "int8", "int4", "sign", "top1%")  # least lossy first
+LOSSY_MARGIN = 0.25  # a lossier method must predict a step this much faster to be preferred
 
 
 def suggestions(
@@ -325,7 +326,7 @@ def suggestions(
 
     1. bucket: the cap with the fastest predicted step for the method in use;
     2. compression (zcoll groups): the least lossy method (LOSSINESS order) whose predicted step,
-       at its best cap, is within MIN_GAIN of the fastest method's; suggested when it beats
+       at its best cap, is within LOSSY_MARGIN of the fastest method's; suggested when it beats
        suggestion 1 (or the current step) by MIN_GAIN;
     3. accumulation, at the cap of 1 and the method in use: the smallest k of ACCUMULATION whose
        mean time per micro-batch is within 10% of the step without communication (else the
@@ -357,7 +358,7 @@ def suggestions(
     best = {m: min(row.items(), key=lambda kv: kv[1]) for m, row in table.items()}
     fastest = min(t for _, t in best.values())
     ranked = sorted(best, key=lambda m: LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS))
-    pick = next(m for m in ranked if best[m][1] <= fastest * (1 + MIN_GAIN))
+    pick = next(m for m in ranked if best[m][1] <= fastest * (1 + LOSSY_MARGIN))
     key, t = best[pick]
     if pick != current.method and t < min(now, cap_t) * (1 - MIN_GAIN):
         name = link.codecs[pick].get("constructor", pick) if pick != "none" else "no compression"
