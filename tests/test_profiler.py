@@ -427,3 +427,16 @@ def test_suggestion_followed_lands_within_15_percent(tmp_path_factory, case, kin
     if load > BUSY_LOAD and abs(f["error"]) > FOLLOW_TOLERANCE:
         pytest.skip(f"{text}; not judged: load average {load:.1f} per core while it ran (other jobs)")
     assert abs(f["error"]) <= FOLLOW_TOLERANCE, text
+
+
+def test_a_model_without_enough_steps_is_left_out_not_fatal():
+    docs = synthetic_docs(MLP)
+    for doc in docs:  # a second model that ran a single step
+        doc["models"].append(dict(doc["models"][0], id=1, steps=doc["models"][0]["steps"][:1]))
+    skipped = []
+    analyses = step_report.analyze(docs, warmup=2, skipped=skipped)
+    assert [a.model["id"] for a in analyses] == [0] and len(skipped) == 1 and "model 1" in skipped[0]
+    for doc in docs:
+        doc["models"] = doc["models"][1:]
+    with pytest.raises(ValueError, match="no step after the first 2"):
+        step_report.analyze(docs, warmup=2)

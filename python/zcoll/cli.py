@@ -40,13 +40,14 @@ def _report(args: argparse.Namespace) -> int:
 def _step_report(directory, args: argparse.Namespace) -> int:
     from . import step_report, trace
 
+    skipped: list = []
     try:
         docs = trace.load(directory)
-        analyses = step_report.analyze(docs, warmup=args.warmup)
+        analyses = step_report.analyze(docs, warmup=args.warmup, skipped=skipped)
     except ValueError as e:
         print(f"zcoll report: {e}", file=sys.stderr)
         return 1
-    text = step_report.format_text(analyses, str(directory))
+    text = step_report.format_text(analyses, str(directory)) + "".join(f"not analysed: {s}\n" for s in skipped)
     print(text)
     (directory / "zcoll-report.txt").write_text(text)
     trace.write_json(directory / trace.MERGED_FILE, trace.chrome_trace(docs))

@@ -302,64 +302,81 @@ def _fill_hooks(shapes: List[sm.Shape]) -> None:
                 setattr(s, kind, fill)
 
 
-def analyze(docs: List[Dict[str, Any]], warmup: int = 3) -> List[Analysis]:
-    """One Analysis per traced model (docs: every rank's trace document, rank order).
-    ValueError when no step after the warm-up was recorded completely on every rank."""
-    ranks = docs[0]["size"]
-    out = []
-    for mid, model in enumerate(docs[0]["models"]):
-        per_doc = [d["models"][mid] for d in docs]
-        codecs = model.get("codecs", {})
-        usable = []
-        for m in per_doc:
-            steps = m["steps"]
-            # "data" exists when the previous step ran just before (not across a pause)
-            ok = {
-                s["step"]
-                for i, s in enumerate(steps)
-                if i > 0
-                and s["step"] >= max(1, warmup)
-                and _complete(s)
-                and "data" in s["phases"]
-                and _end(steps[i - 1]) is not None
-            }
-            usable.append(ok)
-        chosen = sorted(set.intersection(*usable)) if usable else []
-        if not chosen:
-            raise ValueError(
-                f"model {mid} ({model['name']}): no step after the first {warmup} was recorded completely on every "
-                "rank; profile more steps (forward, backward and the gradient sync must all run)"
-            )
-        per_rank, maps = [], clock_maps(docs)
-        for r, m in enumerate(per_doc):
-            by_step = {s["step"]: i for i, s in enumerate(m["steps"])}
-            to_rank0 = maps[r]
-            figs = [
-                _figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs, to_rank0)
-                for k in chosen
-            ]
-            per_rank.append(figs)
-        step_time = [
-            float(np.mean([per_rank[r][i].duration for r in range(ranks)])) for i in range(len(chosen))
-        ]
-        slowest = [
-            max(range(ranks), key=lambda r: per_rank[r][i].duration - per_rank[r][i].phases["sync"])
-            for i in range(len(chosen))
-        ]
-        link_info = docs[0]["meta"].get("link")
-        a = Analysis(
-            model,
-            ranks,
-            chosen,
-            per_rank,
-            step_time,
-            slowest,
-            link_info["bandwidth_Bps"] if link_info else None,
-            [d["meta"]["clock"] for d in docs],
-        )
-        _fit(a, per_doc, codecs)
-        out.append(a)
+def analyze(
+    docs: List[Dict[str, Any]], warmup: int = 3, skipped: Optional[List[str]] = None
+) -> List[Analysis]:
+    """One Analysis per traced model (docs: every rank's trace document, rank order). A model
+    none of whose steps after the warm-up was recorded completely on every rank is left out,
+    the reason appended to `skipped`; ValueError when no model is left."""
+    out, reasons = [], []
+    for mid in range(len(docs[0]["models"])):
+        try:
+            out.append(_analyze_model(docs, mid, warmup))
+        except ValueError as e:
+            reasons.append(str(e))
+    if skipped is not None:
+        skipped += reasons
+    if not out:
+        raise ValueError("; ".join(reasons) or "no traced model")
     return out
+
+
+MAX_STEPS = 200  # steps analysed per model (evenly spread); the replays cost time per step
+
+
+def _analyze_model(docs: List[Dict[str, Any]], mid: int, warmup: int) -> Analysis:
+    ranks = docs[0]["size"]
+    model = docs[0]["models"][mid]
+    per_doc = [d["models"][mid] for d in docs]
+    codecs = model.get("codecs", {})
+    usable = []
+    for m in per_doc:
+        steps = m["steps"]
+        # "data" exists when the previous step ran just before (not across a pause)
+        ok = {
+            s["step"]
+            for i, s in enumerate(steps)
+            if i > 0
+            and s["step"] >= max(1, warmup)
+            and _complete(s)
+            and "data" in s["phases"]
+            and _end(steps[i - 1]) is not None
+        }
+        usable.append(ok)
+    chosen = sorted(set.intersection(*usable)) if usable else []
+    if not chosen:
+        raise ValueError(
+            f"model {mid} ({model['name']}): no step after the first {warmup} was recorded completely on "
+            "every rank; profile more steps (forward, backward and the gradient sync must all run)"
+        )
+    if len(chosen) > MAX_STEPS:
+        chosen = [chosen[i * len(chosen) // MAX_STEPS] for i in range(MAX_STEPS)]
+    per_rank, maps = [], clock_maps(docs)
+    for r, m in enumerate(per_doc):
+        by_step = {s["step"]: i for i, s in enumerate(m["steps"])}
+        figs = [
+            _figures(m["steps"][by_step[k]], _end(m["steps"][by_step[k] - 1]), ranks, codecs, maps[r])
+            for k in chosen
+        ]
+        per_rank.append(figs)
+    step_time = [float(np.mean([per_rank[r][i].duration for r in range(ranks)])) for i in range(len(chosen))]
+    slowest = [
+        max(range(ranks), key=lambda r: per_rank[r][i].duration - per_rank[r][i].phases["sync"])
+        for i in range(len(chosen))
+    ]
+    link_info = docs[0]["meta"].get("link")
+    a = Analysis(
+        model,
+        ranks,
+        chosen,
+        per_rank,
+        step_time,
+        slowest,
+        link_info["bandwidth_Bps"] if link_info else None,
+        [d["meta"]["clock"] for d in docs],
+    )
+    _fit(a, per_doc, codecs)
+    return a
 
 
 def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> None:

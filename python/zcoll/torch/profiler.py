@@ -589,11 +589,15 @@ def _summarize(docs: List[Dict[str, Any]], directory: Path, warmup: int) -> Any:
     summary (a dict, or a list of them for several models)."""
     from .. import step_report
 
+    skipped: List[str] = []
     try:
-        analyses = step_report.analyze(docs, warmup=warmup)
+        analyses = step_report.analyze(docs, warmup=warmup, skipped=skipped)
     except ValueError as e:  # too few steps, say: the traces are still written
         return {"error": str(e)}
-    (Path(directory) / "zcoll-report.txt").write_text(step_report.format_text(analyses, str(directory)))
+    text = step_report.format_text(analyses, str(directory)) + "".join(
+        f"not analysed: {s}\n" for s in skipped
+    )
+    (Path(directory) / "zcoll-report.txt").write_text(text)
     summaries = [a.summary() for a in analyses]
     return summaries[0] if len(summaries) == 1 else summaries
 
