@@ -270,7 +270,7 @@ class Session:
                 result = share_from_root(self.comm, result, max(1.0, deadline - time.monotonic()))
             return result
         except PeerTimeout as e:
-            warnings.warn(f"{e}; rank {rec.rank} writes its own trace file only", RuntimeWarning)
+            warnings.warn(f"{e}; rank {rec.rank} writes its own trace file only", RuntimeWarning, stacklevel=2)
             self.paths = [write_json(self.directory / RANK_FILE.format(rank=rec.rank), rec.document())]
             return None
         finally:

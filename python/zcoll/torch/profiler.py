@@ -141,7 +141,6 @@ class ModelTracer:
         self._ranges: Dict[str, _Range] = {}
         self._bucket_numel: Dict[int, int] = {}
         self._compressors: Dict[str, Any] = {}
-        self._t_backward_done = 0
 
     # -- attach / detach -----------------------------------------------------------------------
     def attach(self) -> None:
