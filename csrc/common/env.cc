@@ -43,6 +43,8 @@ constexpr Spec kSpecs[] = {
     {Var::kNodeId, "ZCOLL_NODE_ID", Kind::kString, "", "", 0, 255,
      "this rank's node: ranks on one machine with equal values share a node (shared memory) instead "
      "of MPI's grouping; emulates a cluster on one machine, like NCCL_HOSTID (unset: MPI decides)"},
+    {Var::kTrace, "ZCOLL_TRACE", Kind::kString, "", "", 0, 4096,
+     "a directory: trace every DDP model's training steps (zcoll.torch) and write the traces there at exit"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 

@@ -25,6 +25,7 @@ enum class Var : int {
   kRestart,        // ZCOLL_RESTART        int      which restart `zcoll run` is on (0: first launch)
   kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR string    where `zcoll run` tells a job to checkpoint
   kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)
+  kTrace,          // ZCOLL_TRACE          string   directory for step traces (zcoll.torch)
   kCount
 };
 

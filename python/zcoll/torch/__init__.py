@@ -12,7 +12,9 @@ process group). Under mpirun no MASTER_ADDR is needed::
     opt = zcoll.torch.optim.Adam(model.parameters(), lr=1e-3, gradient_accumulation_steps=4, model=model)
 
 Modules: ``backend`` (the process group), ``hooks`` (DDP communication hooks), ``accumulate`` and
-``optim`` (gradient accumulation), ``checkpoint`` (save and resume bit-exactly, for ``zcoll run``).
+``optim`` (gradient accumulation), ``checkpoint`` (save and resume bit-exactly, for ``zcoll run``),
+``profiler`` (the step profiler: ``zcoll.torch.profile(ddp)``,
+or ``ZCOLL_TRACE=dir`` for every DDP model of a program; read with ``zcoll report dir``).
 """
 
 try:
@@ -20,15 +22,17 @@ try:
 except ImportError as e:  # pragma: no cover - torch is a declared extra
     raise ImportError("zcoll.torch needs PyTorch: pip install 'zcoll[torch]'") from e
 
-from . import _launch, backend, checkpoint, hooks, optim
+from . import _launch, backend, checkpoint, hooks, optim, profiler
 from ._launch import ProcessLocalStore, init_gloo_beside_zcoll, init_process_group
 from ._work import ZcollWork
 from .accumulate import GradientAccumulator
 from .backend import ProcessGroupZcoll
 from .hooks import CompressionState, allreduce_hook, apply_gradient_compression, compression_hook
+from .profiler import StepProfiler, profile
 
 backend.register()
 _launch.install_env_rendezvous()
+profiler.trace_from_environment()
 
 __all__ = [
     "init_gloo_beside_zcoll",
@@ -44,4 +48,7 @@ __all__ = [
     "hooks",
     "init_process_group",
     "optim",
+    "profile",
+    "profiler",
+    "StepProfiler",
 ]

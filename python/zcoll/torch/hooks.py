@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from . import profiler as _profiler
 from .backend import ProcessGroupZcoll
 
 
@@ -120,7 +121,10 @@ def allreduce_hook(
     """
     pg = _zcoll_group(process_group, "allreduce_hook")
     buf, comm = bucket.buffer(), pg.communicator
-    return pg.submit(lambda: comm.allreduce(buf, op="avg", out=buf), buf).get_future()
+    run = lambda: comm.allreduce(buf, op="avg", out=buf)  # noqa: E731
+    if _profiler.active is not None:  # the step profiler times the bucket
+        return _profiler.active.bucket(bucket, buf, pg, run, buf)
+    return pg.submit(run, buf).get_future()
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -142,11 +146,13 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     comm = pg.communicator
     if state.compressing:
         compressor, key = state.compressor, state.key(bucket)
-        fut = pg.submit(
-            lambda: comm.allreduce(buf, op="avg", compression=compressor, key=key), None
-        ).get_future()
+        run, value = (lambda: comm.allreduce(buf, op="avg", compression=compressor, key=key)), None
     else:
-        fut = pg.submit(lambda: comm.allreduce(buf, op="avg", out=buf), buf).get_future()
+        compressor, run, value = None, (lambda: comm.allreduce(buf, op="avg", out=buf)), buf
+    if _profiler.active is not None:  # the step profiler times the bucket
+        fut = _profiler.active.bucket(bucket, buf, pg, run, value, compressor)
+    else:
+        fut = pg.submit(run, value).get_future()
     if bucket.is_last():
         state.step += 1
     return fut
