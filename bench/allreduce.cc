@@ -1,5 +1,6 @@
 // zcoll_allreduce_perf: every allreduce algorithm against MPI_Allreduce (busbw factor 2(p-1)/p),
-// and with -z the compressed allreduce (compression.h), checked against its error bound.
+// and with -z the compressed allreduce (compression.h), checked against its error bound; a
+// variant NAME@hierarchical compresses the hierarchical allreduce's inter-node stage only.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -12,18 +13,33 @@
 namespace {
 using namespace zcoll;
 
-const std::vector<std::string> kAlgorithms = {"ring", "tree", "recursive_doubling", "halving_doubling",
-                                              "shm",  "auto"};
+const std::vector<std::string> kAlgorithms = {"ring", "tree",         "recursive_doubling", "halving_doubling",
+                                              "shm",  "hierarchical", "ordered_ring",       "auto"};
 
 bool is_algorithm(const std::string& name) {
   return name == "mpi" || std::find(kAlgorithms.begin(), kAlgorithms.end(), name) != kAlgorithms.end();
+}
+
+bool available(MpiCommunicator& comm, const std::string& algo) {
+  if (algo == "shm") return comm.has_shared_arena();
+  if (algo == "hierarchical") return comm.ranks_per_node() > 0;
+  if (algo == "ordered_ring") return comm.topology().known();
+  return true;
+}
+
+// A -z variant: a compression spec, optionally @ the algorithm that carries it ("int8@hierarchical").
+CompressionOptions parse_variant(const std::string& name) {
+  const auto at = name.find('@');
+  CompressionOptions o = parse_compression(name.substr(0, at));
+  if (at != std::string::npos) o.algorithm = parse_algorithm(name.substr(at + 1));
+  return o;
 }
 
 void run(MpiCommunicator& comm, const std::string& algo, bench::Buffers b, std::size_t count, DType dtype,
          ReduceOp op, int, bool in_place) {
   void* out = in_place ? b.in : b.out;
   if (!is_algorithm(algo)) {
-    CompressionOptions o = parse_compression(algo);
+    CompressionOptions o = parse_variant(algo);
     o.op = op;
     allreduce_compressed(comm, b.in, out, count, dtype, o);
     return;
@@ -45,7 +61,7 @@ void fill_expected(void* e, std::size_t count, DType dtype, ReduceOp op, int, in
 std::size_t same(std::size_t count, int) { return count; }
 
 void check_variant(const std::string& name, DType dtype, ReduceOp op) {
-  CompressionOptions o = parse_compression(name);
+  CompressionOptions o = parse_variant(name);
   o.op = op;
   validate(o, dtype, 1);
 }
@@ -54,7 +70,7 @@ void check_variant(const std::string& name, DType dtype, ReduceOp op) {
 // elements outside the bound of compression.h, with A and M computed from those inputs.
 bench::Accuracy accuracy(const std::string& variant, const void* result, std::size_t n, DType dtype,
                          ReduceOp op, int p) {
-  const CompressionOptions o = parse_compression(variant);
+  const CompressionOptions o = parse_variant(variant);
   std::vector<double> exact(n, 0.0), M(n, 0.0), A;
   for (int r = 0; r < p; ++r)
     for (std::size_t i = 0; i < n; ++i) {
@@ -117,5 +133,6 @@ int main(int argc, char** argv) {
                            fill_expected};
   b.check_variant = check_variant;
   b.accuracy = accuracy;
+  b.available = available;
   return bench::run_benchmark(argc, argv, b);
 }

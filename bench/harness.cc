@@ -35,6 +35,7 @@ struct Args {
   ReduceOp op = ReduceOp::kSum;
   std::vector<std::string> algorithms;  // row names: zcoll algorithms, -z variants, then "mpi"
   std::vector<std::string> lossy;       // the -z variants among them (checked against a bound)
+  std::vector<std::string> from_all;    // the algorithms "-a all" added
   bool z_columns = false;               // -z given: wire bytes, ratio and error columns
   int root = 0;
   bool in_place = false;
@@ -56,8 +57,8 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "             the #wrong column counts wrong elements over all ranks, exit status 1 if any\n"
       "  -d DTYPE   float32 float64 float16 bfloat16 int8 uint8 int32 int64 (default float32)\n"
       "  -o OP      sum prod min max avg (default sum)%s\n"
-      "  -a ALGOS   comma-separated algorithms: %s, mpi, or all (default all);\n"
-      "             mpi is always measured, as the reference of the vs_mpi column\n"
+      "  -a ALGOS   comma-separated algorithms: %s, mpi, or all (default all: those\n"
+      "             this placement can run); mpi is always measured, as the reference of vs_mpi\n"
       "%s"
       "  -r ROOT    root rank for rooted collectives (default 0)\n"
       "  -i         in-place (default out-of-place)\n"
@@ -68,7 +69,8 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"
       "busbw = algbw x %s (GB = 1e9 bytes), #wrong, vs_mpi = mpi time / this time.\n"
       "%s"
-      "Environment: ZCOLL_WAIT=spin|yield|auto (how ranks wait), ZCOLL_SIMD=scalar|avx2|avx512.\n",
+      "Environment: ZCOLL_WAIT=spin|yield|auto (how ranks wait), ZCOLL_SIMD=scalar|avx2|avx512,\n"
+      "ZCOLL_TOPOLOGY=probe.json (the links ordered_ring orders its ring by; see `zcoll probe`).\n",
       prog, b.name, b.reduces ? "" : " (ignored)", [&] {
         static std::string s;
         s.clear();
@@ -78,7 +80,9 @@ void print_help(const CollectiveBench& b, const char* prog) {
       !b.check_variant ? ""
                        : "  -z LIST    comma-separated compressed variants, one row each: none fp16 bf16\n"
                          "             int8[:block] int4[:block] sign[:block] int8s int4s (stochastic)\n"
-                         "             topk:RATIO topk_exact:RATIO randomk:RATIO threshold:T; 'none' adds\n"
+                         "             topk:RATIO topk_exact:RATIO randomk:RATIO threshold:T; NAME@hierarchical:\n"
+                         "             fp16, bf16 or a quantizer on the hierarchical allreduce's inter-node\n"
+                         "             stage (e.g. int8@hierarchical); 'none' adds\n"
                          "             the uncompressed zcoll rows (-a, default auto). Adds the columns\n"
                          "             wire (bytes sent per rank per call, mean over ranks), ratio (bytes\n"
                          "             of an uncompressed ring / wire), maxerr and relerr (max |result -\n"
@@ -144,6 +148,7 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
   for (const auto& name : split_list(algos)) {
     if (name == "all") {
       a.algorithms.insert(a.algorithms.end(), b.algorithms.begin(), b.algorithms.end());
+      a.from_all = b.algorithms;
       continue;
     }
     if (name != "mpi" && std::find(b.algorithms.begin(), b.algorithms.end(), name) == b.algorithms.end())
@@ -312,6 +317,13 @@ int run(int argc, char** argv, const CollectiveBench& b) {
   }
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int p = comm.size();
+  if (b.available)
+    a.algorithms.erase(std::remove_if(a.algorithms.begin(), a.algorithms.end(),
+                                      [&](const std::string& name) {
+                                        return std::count(a.from_all.begin(), a.from_all.end(), name) &&
+                                               !b.available(comm, name);
+                                      }),
+                       a.algorithms.end());
   if (b.rooted && (a.root < 0 || a.root >= p)) {
     if (rank == 0) std::fprintf(stderr, "%s: root %d out of range for %d ranks\n", argv[0], a.root, p);
     return 2;

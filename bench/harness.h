@@ -52,6 +52,9 @@ struct CollectiveBench {
   void (*check_variant)(const std::string& name, DType dtype, ReduceOp op) = nullptr;
   Accuracy (*accuracy)(const std::string& variant, const void* result, std::size_t count, DType dtype, ReduceOp op,
                        int p) = nullptr;
+  // Optional: false for an algorithm this communicator cannot run (shm across nodes, ...); "-a all"
+  // leaves those out (naming one explicitly still fails with the algorithm's own message).
+  bool (*available)(MpiCommunicator& comm, const std::string& algorithm) = nullptr;
 };
 
 // Parses flags, runs the sweep, prints the table; returns the process exit status.

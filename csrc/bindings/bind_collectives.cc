@@ -192,12 +192,13 @@ void bind_collectives(py::module_& m, py::class_<CommHandle>& comm) {
         "Runs the C++ allreduce `iters` times on zeroed buffers of `count` elements; per-call seconds.");
   m.def(
       "choose_allreduce_algorithm",
-      [](std::size_t bytes, int ranks, bool native_fast, bool shared_memory, bool oversubscribed) {
+      [](std::size_t bytes, int ranks, bool native_fast, bool shared_memory, bool oversubscribed,
+         bool node_hierarchy, double ordered_ring_gain) {
         return algorithm_name(choose_allreduce_algorithm(
-            bytes, ranks, Capabilities{native_fast, shared_memory, oversubscribed}));
+            bytes, ranks, Capabilities{native_fast, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain}));
       },
       py::arg("nbytes"), py::arg("ranks"), py::arg("native_fast") = true, py::arg("shared_memory") = true,
-      py::arg("oversubscribed") = false);
+      py::arg("oversubscribed") = false, py::arg("node_hierarchy") = false, py::arg("ordered_ring_gain") = 1.0);
   m.def("block_begin", &block_begin);
   m.def("block_count", &block_count);
 }

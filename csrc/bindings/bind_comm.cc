@@ -9,10 +9,25 @@
 
 #include "bindings.h"
 #include "bindings/enums.h"
+#include "comm/topology.h"
+#include "common/check.h"
 
 namespace py = pybind11;
 
 namespace zcoll::bindings {
+namespace {
+
+// A p x p matrix as one row-major vector; ValueError for rows of another length.
+std::vector<double> flatten(const std::vector<std::vector<double>>& rows) {
+  std::vector<double> out;
+  for (const auto& row : rows) {
+    ZCOLL_REQUIRE(row.size() == rows.size(), "bandwidth: a square matrix, not ", rows.size(), " rows of ", row.size());
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+}  // namespace
 
 CommHandle::CommHandle(long long fortran_handle, bool check_args)
     : check(check_args),
@@ -53,6 +68,19 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
            "The node of `rank`, 0..node_count-1, numbered in order of each node's lowest rank.")
       .def_property_readonly("local_ranks", [](CommHandle& c) { return c.comm().local_ranks(); },
                              "The ranks on this rank's node, ascending.")
+      .def(
+          "_set_topology",
+          [](CommHandle& c, const std::vector<std::vector<double>>& bandwidth) {
+            c.comm().set_topology(bandwidth.empty() ? Topology{} : topology_from_bandwidth(flatten(bandwidth), c.comm().size()));
+          },
+          py::arg("bandwidth"),
+          "Sets the link bandwidths (a size x size matrix of bytes/s, row sends to column; [] clears).")
+      .def_property_readonly(
+          "ring_order", [](CommHandle& c) { return c.comm().topology().ring; },
+          "The ring order of algorithm 'ordered_ring' (ring[k] sends to ring[k+1]); [] without a topology.")
+      .def_property_readonly(
+          "ring_gain", [](CommHandle& c) { return c.comm().topology().ring_gain; },
+          "How many times faster the ordered ring's slowest hop is than rank order's (1.0 without a topology).")
       .def_property_readonly("freed", &CommHandle::freed)
       .def_property_readonly(
           "wait_policy",
@@ -82,6 +110,14 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           },
           "Bytes and messages this rank sent through zcoll, and the number of collectives.")
       .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
+  m.def(
+      "best_ring_order",
+      [](const std::vector<std::vector<double>>& bandwidth) {
+        return best_ring_order(flatten(bandwidth), static_cast<int>(bandwidth.size()));
+      },
+      py::arg("bandwidth"),
+      "The ring order (from rank 0) whose slowest hop is fastest, then whose summed hop time is smallest, "
+      "for a p x p matrix of bytes/s (row sends to column; the diagonal is ignored): csrc/comm/topology.h.");
   m.def("mpi_initialized", [] {
     int flag = 0;
     MPI_Initialized(&flag);

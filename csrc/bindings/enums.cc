@@ -67,7 +67,7 @@ ReduceOp to_op(py::handle h) {
 
 Algorithm to_algorithm(py::handle h) {
   return convert<Algorithm, kNumAlgorithms>(
-      h, "algorithm", "Algorithm", "auto ring tree recursive_doubling halving_doubling mpi shm",
+      h, "algorithm", "Algorithm", "auto ring tree recursive_doubling halving_doubling mpi shm hierarchical ordered_ring",
       [](int i) { return algorithm_name(static_cast<Algorithm>(i)); }, parse_algorithm);
 }
 

@@ -2,13 +2,19 @@
 // by the caller; p >= 2.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "collectives/options.h"
 
 namespace zcoll {
 
+// order: the ring order (Topology::ring; order[k] sends to order[k+1]); null: rank order.
 void allreduce_ring(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
-                    const PipelineOptions&);
+                    const PipelineOptions&, const std::vector<int>* order = nullptr);
+// Node-local reduce-scatter, inter-node ring allreduce of each shard, node-local allgather
+// (allreduce_hierarchical.cc). Needs equal nodes (Communicator::ranks_per_node() > 0).
+void allreduce_hierarchical(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
+                            const PipelineOptions&);
 void allreduce_tree(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
                     const PipelineOptions&);
 void allreduce_recursive_doubling(Communicator&, const void* in, void* out, std::size_t count, DType,
@@ -52,6 +58,7 @@ struct CallHeader {
   long long block = 0;            // kQuantize: elements per scale
   long long ratio_bits = 0;       // top-k / random-k: the ratio's IEEE-754 bits (exact compare)
   long long exact_topk = 0;       // top-k: the global top-k (one segment) instead of blockwise
+  long long ring_order = 0;       // ordered_ring: the fingerprint of the ring order (Topology)
 };
 // Exchanges the headers (a ring allgather on the engine) when check mode is on for this call:
 // `requested` (an explicit argument) or ZCOLL_CHECK.

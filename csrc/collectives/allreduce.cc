@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/hierarchy.h"
 #include "common/check.h"
 #include "kernels/reduce.h"
 
@@ -19,6 +20,8 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     caps.native_fast = comm.has_native_allreduce() && !comm.oversubscribed();
     caps.shared_memory = comm.has_shared_arena();
     caps.oversubscribed = comm.oversubscribed();
+    caps.node_hierarchy = comm.node_count() > 1 && comm.ranks_per_node() > 1;
+    caps.ordered_ring_gain = comm.topology().known() ? comm.topology().ring_gain : 1.0;
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }
   // Refused whatever the count and rank count, so a small test fails like the job at scale.
@@ -26,6 +29,12 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
                 "algorithm 'mpi' needs a transport with its own allreduce (MPI); use 'ring' or 'auto'");
   ZCOLL_REQUIRE(algorithm != Algorithm::kShm || comm.has_shared_arena(),
                 "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
+  ZCOLL_REQUIRE(algorithm != Algorithm::kHierarchical || comm.ranks_per_node() > 0,
+                "algorithm 'hierarchical' needs the same number of ranks on every node, not ", detail::node_sizes(comm),
+                "; use 'ring' or 'auto'");
+  ZCOLL_REQUIRE(algorithm != Algorithm::kOrderedRing || comm.topology().known(),
+                "algorithm 'ordered_ring' needs measured links: set ZCOLL_TOPOLOGY to a `zcoll probe` result "
+                "(probe.json) or call Communicator.set_topology(); use 'ring' or 'auto'");
   // The resolved algorithm is part of the header: ranks running different ones would hang.
   detail::CallHeader header;
   header.collective = detail::Collective::kAllreduce;
@@ -33,6 +42,7 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
   header.op = static_cast<long long>(options.op);
   header.count = static_cast<long long>(count);
   header.algorithm = static_cast<long long>(algorithm);
+  if (algorithm == Algorithm::kOrderedRing) header.ring_order = static_cast<long long>(comm.topology().fingerprint);
   detail::check_same_call(comm, header, options.check_args);
   comm.stats().collectives += 1;
   if (count == 0) return algorithm;
@@ -54,6 +64,12 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
       allreduce_halving_doubling(comm, in, out, count, dtype, options.op, options.pipeline);
       break;
     case Algorithm::kShm: allreduce_shm(comm, in, out, count, dtype, options.op); break;
+    case Algorithm::kHierarchical:
+      allreduce_hierarchical(comm, in, out, count, dtype, options.op, options.pipeline);
+      break;
+    case Algorithm::kOrderedRing:
+      allreduce_ring(comm, in, out, count, dtype, options.op, options.pipeline, &comm.topology().ring);
+      break;
     case Algorithm::kAuto:
     case Algorithm::kMpi: break;
   }

@@ -8,6 +8,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/compressed.h"
+#include "collectives/hierarchy.h"
 #include "common/check.h"
 #include "kernels/quantize.h"
 
@@ -16,6 +17,11 @@ namespace {
 
 bool is_sparse(Compression kind) {
   return kind == Compression::kTopK || kind == Compression::kRandomK || kind == Compression::kThreshold;
+}
+
+// The kinds the compressed ring carries (codecs.cc), which the hierarchical allreduce can use too.
+bool is_ring_codec(Compression kind) {
+  return kind == Compression::kQuantize || kind == Compression::kFp16 || kind == Compression::kBf16;
 }
 
 kernels::QuantParams quant_params(const CompressionOptions& o) {
@@ -45,6 +51,7 @@ detail::CallHeader call_header(const CompressionOptions& o, DType dtype, std::si
   h.op = static_cast<long long>(o.op);
   h.count = static_cast<long long>(count);
   h.compression = static_cast<long long>(o.kind);
+  h.algorithm = static_cast<long long>(o.algorithm);  // auto, or hierarchical (other messages)
   if (o.kind == Compression::kQuantize) {
     h.bits = o.bits;
     h.block = static_cast<long long>(o.block);
@@ -80,9 +87,11 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
   ZCOLL_REQUIRE(o.op == ReduceOp::kSum || o.op == ReduceOp::kAvg,
                 "compressed allreduce supports op 'sum' and 'avg', not '", op_name(o.op),
                 "' (compressed values can only be added: sum and avg)");
-  ZCOLL_REQUIRE(o.kind == Compression::kNone || o.algorithm == Algorithm::kAuto, "algorithm='",
-                algorithm_name(o.algorithm), "' with compression: the compressor picks its own algorithm ",
-                "(compressed ring or sparse allgather); leave algorithm='auto'");
+  ZCOLL_REQUIRE(o.kind == Compression::kNone || o.algorithm == Algorithm::kAuto ||
+                    (o.algorithm == Algorithm::kHierarchical && is_ring_codec(o.kind)),
+                "algorithm='", algorithm_name(o.algorithm), "' with compression: the compressor picks its own algorithm ",
+                "(compressed ring or sparse allgather); leave algorithm='auto' (or 'hierarchical' with fp16, bf16 ",
+                "or a quantizer: compression on the inter-node stage only)");
   switch (o.kind) {
     case Compression::kNone:
     case Compression::kFp16:
@@ -110,6 +119,9 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
                           const CompressionOptions& o, CompressionStats* stats_out) {
   validate(o, dtype, count);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
+  ZCOLL_REQUIRE(o.algorithm != Algorithm::kHierarchical || comm.ranks_per_node() > 0,
+                "algorithm 'hierarchical' needs the same number of ranks on every node, not ", detail::node_sizes(comm),
+                "; leave algorithm='auto' for the compressed ring");
   if (o.kind != Compression::kNone) detail::check_same_call(comm, call_header(o, dtype, count), o.check_args);
   CompressionStats stats;
   const int p = comm.size();
@@ -133,6 +145,8 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
       detail::allreduce_topk(comm, in, out, count, dtype, o, e, stats);
     } else if (is_sparse(o.kind)) {
       detail::allreduce_sparse(comm, in, out, count, dtype, o, e, stats);
+    } else if (o.algorithm == Algorithm::kHierarchical) {
+      stats.nonfinite = detail::allreduce_hierarchical_compressed(comm, in, out, count, dtype, o, e);
     } else {
       stats.nonfinite = detail::allreduce_compressed_ring(comm, in, out, count, dtype, o, e);
     }

@@ -1,14 +1,16 @@
-// Ring allreduce (reduce-scatter + allgather; Baidu / Horovod / NCCL ring).
+// Ring allreduce (reduce-scatter + allgather; Baidu / Horovod / NCCL ring), and the
+// topology-ordered ring: the same schedule around the ring order the communicator's Topology
+// chose from measured link bandwidths (comm/topology.h), so that the slowest links carry nothing.
 //
 // Purpose: bandwidth-optimal allreduce for large messages.
 // Phases:  1. reduce-scatter steps 0 .. p-3 (shift 0): step 0 sends from `in`, every reduction
 //             writes OP(incoming, in) into `out`, so out-of-place needs no initial copy;
 //          2. per segment j: the last reduce-scatter step finishes segment j of the owned chunk
-//             (r+1; divided by p for avg), and the p-1 allgather steps of segment j follow at
+//             (position + 1; divided by p for avg), and the p-1 allgather steps of segment j follow at
 //             once, while it is still in cache, instead of after every other segment.
 //          Each chunk is reduced by one fixed sequence of ranks and then copied, so every rank
 //          ends with the same bits.
-// Cost:    2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S gamma.
+// Cost:    2(p-1) alpha + 2(p-1)/p S beta + (p-1)/p S gamma, beta that of the ring's slowest hop.
 #include "collectives/algorithms.h"
 #include "collectives/ring.h"
 
@@ -17,11 +19,11 @@ namespace {
 
 class RingAllreduce : public detail::ScheduleBase {
  public:
-  RingAllreduce(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
-                const PipelineOptions& o)
-      : p_(comm.size()),
-        rs_(comm, in, out, final_chunk(comm, out, count, dtype), count, dtype, op, /*shift=*/0, o),
-        ag_(comm, out, count, dtype, /*shift=*/1, o),
+  RingAllreduce(const detail::RingPlace& place, const void* in, void* out, std::size_t count, DType dtype,
+                ReduceOp op, const PipelineOptions& o)
+      : p_(place.size),
+        rs_(place, in, out, final_chunk(place, out, count, dtype), count, dtype, op, /*shift=*/0, o),
+        ag_(place, out, count, dtype, /*shift=*/1, o),
         nseg_(rs_.num_segments()) {}
 
   std::size_t num_units() const { return static_cast<std::size_t>(2 * p_ - 2) * nseg_; }
@@ -43,9 +45,9 @@ class RingAllreduce : public detail::ScheduleBase {
     std::size_t seg;
   };
 
-  static void* final_chunk(Communicator& comm, void* out, std::size_t count, DType dtype) {
-    const int owned = detail::mod(comm.rank() + 1, comm.size());
-    return static_cast<unsigned char*>(out) + block_begin(count, comm.size(), owned) * dtype_size(dtype);
+  static void* final_chunk(const detail::RingPlace& place, void* out, std::size_t count, DType dtype) {
+    const int owned = detail::mod(place.index + 1, place.size);
+    return static_cast<unsigned char*>(out) + block_begin(count, place.size, owned) * dtype_size(dtype);
   }
 
   // Units 0 .. (p-2)*nseg-1: reduce-scatter steps 0..p-3, step-major. Then one block of p units
@@ -67,8 +69,8 @@ class RingAllreduce : public detail::ScheduleBase {
 }  // namespace
 
 void allreduce_ring(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
-                    ReduceOp op, const PipelineOptions& pipeline) {
-  RingAllreduce schedule(comm, in, out, count, dtype, op, pipeline);
+                    ReduceOp op, const PipelineOptions& pipeline, const std::vector<int>* order) {
+  RingAllreduce schedule(detail::RingPlace::of(comm, order), in, out, count, dtype, op, pipeline);
   detail::run_pipeline(comm, schedule, pipeline, detail::kTagRingReduceScatter);
 }
 

@@ -10,7 +10,14 @@
 //    point-to-point messages (one MPI_Sendrecv of 4 KiB costs more than its whole 4 KiB
 //    allreduce here); with ranks outnumbering cores those collectives busy-spin and take
 //    seconds per call, so not then.
-// 3. Recursive doubling up to 32 KiB (fewest steps), the ring above.
+// 3. Recursive doubling up to 32 KiB (fewest steps).
+// 4. Ranks on several nodes with the same number (> 1) on each: `hierarchical`. Only the
+//    inter-node stage crosses nodes, carrying 2(N-1)/N S per node link against 2(p-1)/p S for a
+//    ring (1.5x less for 2 nodes x 2 ranks; docs/algorithms.md), in no more steps than the ring.
+// 5. A known topology (ZCOLL_TOPOLOGY, set_topology) whose best ring order has a slowest hop at
+//    least kOrderedRingGain times faster than rank order's: `ordered_ring` (a ring's time is its
+//    slowest hop's; below that gain, measurement noise may be all the difference).
+// 6. The ring.
 #include <cstddef>
 #include <limits>
 
@@ -24,26 +31,35 @@ struct Rule {
   std::size_t max_bytes;
   bool needs_native_fast;
   bool needs_shared_memory;
+  bool needs_node_hierarchy;
+  double min_ordered_ring_gain;  // 0: no condition
   Algorithm algorithm;
 };
 
 constexpr std::size_t kAny = std::numeric_limits<std::size_t>::max();
 constexpr int kAnyRanks = std::numeric_limits<int>::max();
+constexpr double kOrderedRingGain = 1.25;
 
 constexpr Rule kRules[] = {
-    {kAnyRanks, kAny, false, true, Algorithm::kShm},
-    {kAnyRanks, 64 * 1024, true, false, Algorithm::kMpi},
-    {kAnyRanks, 32 * 1024, false, false, Algorithm::kRecursiveDoubling},
-    {kAnyRanks, kAny, false, false, Algorithm::kRing},
+    {kAnyRanks, kAny, false, true, false, 0.0, Algorithm::kShm},
+    {kAnyRanks, 64 * 1024, true, false, false, 0.0, Algorithm::kMpi},
+    {kAnyRanks, 32 * 1024, false, false, false, 0.0, Algorithm::kRecursiveDoubling},
+    {kAnyRanks, kAny, false, false, true, 0.0, Algorithm::kHierarchical},
+    {kAnyRanks, kAny, false, false, false, kOrderedRingGain, Algorithm::kOrderedRing},
+    {kAnyRanks, kAny, false, false, false, 0.0, Algorithm::kRing},
 };
+
+bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities& caps) {
+  return ranks <= rule.max_ranks && bytes <= rule.max_bytes && (caps.native_fast || !rule.needs_native_fast) &&
+         (caps.shared_memory || !rule.needs_shared_memory) && (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
+         caps.ordered_ring_gain >= rule.min_ordered_ring_gain;
+}
 
 }  // namespace
 
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps) {
   for (const Rule& rule : kRules)
-    if (ranks <= rule.max_ranks && bytes <= rule.max_bytes && (caps.native_fast || !rule.needs_native_fast) &&
-        (caps.shared_memory || !rule.needs_shared_memory))
-      return rule.algorithm;
+    if (matches(rule, bytes, ranks, caps)) return rule.algorithm;
   return Algorithm::kRing;
 }
 

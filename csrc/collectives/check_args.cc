@@ -2,7 +2,7 @@
 // fixed-size CallHeader (algorithms.h) describing its call over the same communicator. A
 // mismatch that would otherwise hang or corrupt (one rank sending more bytes than another
 // expects) becomes a MismatchError raised on every rank, since every rank sees every header.
-// Cost: one ring allgather of p x 88 bytes: (p-1) alpha.
+// Cost: one ring allgather of p x 96 bytes: (p-1) alpha.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -20,7 +20,7 @@ constexpr int kFields = sizeof(CallHeader) / sizeof(long long);
 static_assert(sizeof(CallHeader) == kFields * sizeof(long long), "CallHeader is a flat array of 64-bit fields");
 constexpr const char* kFieldNames[kFields] = {"collective", "dtype", "op",          "count", "root",
                                               "algorithm",  "compression", "bits", "block", "ratio",
-                                              "exact_topk"};
+                                              "exact_topk", "ring order"};
 constexpr const char* kCompressionNames[] = {"none", "fp16", "bf16", "quantize", "topk", "randomk", "threshold"};
 constexpr const char* kCollectiveNames[] = {"allreduce", "reduce_scatter", "allgather",
                                             "broadcast", "reduce",         "compressed allreduce"};

@@ -11,8 +11,8 @@
 namespace zcoll {
 namespace {
 
-constexpr const char* kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "tree", "recursive_doubling",
-                                                          "halving_doubling", "mpi", "shm"};
+constexpr const char* kAlgorithmNames[kNumAlgorithms] = {
+    "auto", "ring", "tree", "recursive_doubling", "halving_doubling", "mpi", "shm", "hierarchical", "ordered_ring"};
 
 void maybe_check(Communicator& comm, bool requested, detail::Collective collective, DType dtype, ReduceOp op,
                  std::size_t count, int root) {
@@ -48,7 +48,7 @@ Algorithm parse_algorithm(const std::string& name) {
   for (int i = 0; i < kNumAlgorithms; ++i)
     if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
   throw std::invalid_argument("unknown algorithm '" + name +
-                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi shm");
+                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi shm hierarchical ordered_ring");
 }
 
 std::size_t block_count(std::size_t count, int parts, int index) {

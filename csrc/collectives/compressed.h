@@ -44,6 +44,12 @@ std::unique_ptr<RingCodec> make_ring_codec(const CompressionOptions& options, DT
 std::size_t allreduce_compressed_ring(Communicator& comm, const void* in, void* out, std::size_t count,
                                       DType dtype, const CompressionOptions& options, float* residual);
 
+// The hierarchical allreduce with the compressed ring's codec on its inter-node stage
+// (allreduce_hierarchical.cc); the compressed ring itself on one node or with one rank per
+// node. Needs equal nodes. Returns the non-finite count over every chunk (identical on every rank).
+std::size_t allreduce_hierarchical_compressed(Communicator& comm, const void* in, void* out, std::size_t count,
+                                              DType dtype, const CompressionOptions& options, float* residual);
+
 // The segments of the blockwise top-k (topk_segments in compression.h), identical on every rank
 // and in Python's compress(): segment j = [begin[j], begin[j+1]) keeps k[j] pairs, at pair
 // offset koff[j] within a rank's K pairs.

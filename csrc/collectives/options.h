@@ -17,8 +17,10 @@ enum class Algorithm : int {
   kHalvingDoubling = 4,
   kMpi = 5,  // the MPI library's own MPI_Allreduce, for side-by-side comparison
   kShm = 6,  // through node-local shared memory (all ranks on one node)
+  kHierarchical = 7,  // node-local reduce-scatter, inter-node ring per shard, node-local allgather
+  kOrderedRing = 8,   // the ring in the order the communicator's Topology chose (measured links)
 };
-inline constexpr int kNumAlgorithms = 7;
+inline constexpr int kNumAlgorithms = 9;
 
 const char* algorithm_name(Algorithm algorithm);
 Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argument listing names
@@ -91,6 +93,8 @@ struct Capabilities {
   bool native_fast = false;  // the transport's own allreduce, not crippled by oversubscription
   bool shared_memory = false;  // every rank on one node
   bool oversubscribed = false;
+  bool node_hierarchy = false;  // several nodes, each with the same number (> 1) of ranks
+  double ordered_ring_gain = 1.0;  // Topology::ring_gain: how much faster the ordered ring's slowest hop is
 };
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);
 

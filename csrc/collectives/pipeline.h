@@ -82,6 +82,7 @@ enum Tag : int {
   kTagCheck,                    // the check-mode header exchange (check_args.cc)
   kTagSparsePairs,              // top-k (index, value) blocks
   kTagCompressedRing,           // compressed ring payloads
+  kTagHierarchical,             // the hierarchical allreduce (both lanes) and its node sums
 };
 
 // Up to two peers per unit: what a binary tree needs (two children); every other schedule uses one.

@@ -1,13 +1,26 @@
 #include "collectives/ring.h"
 
+#include <algorithm>
+
+#include "common/check.h"
 #include "kernels/reduce.h"
 
 namespace zcoll::detail {
 
-RingLayout::RingLayout(Communicator& comm, std::size_t count, std::size_t elem_size, int shift,
+RingPlace RingPlace::of(const Communicator& comm, const std::vector<int>* order) {
+  const int p = comm.size(), me = comm.rank();
+  if (!order || order->empty()) return RingPlace{me, p, mod(me + 1, p), mod(me - 1, p)};
+  ZCOLL_CHECK_EQ(order->size(), static_cast<std::size_t>(p), "ring order length");
+  const auto at = std::find(order->begin(), order->end(), me);
+  ZCOLL_CHECK_LT(at - order->begin(), p, "this rank in the ring order");
+  const int k = static_cast<int>(at - order->begin());
+  return RingPlace{k, p, (*order)[mod(k + 1, p)], (*order)[mod(k - 1, p)]};
+}
+
+RingLayout::RingLayout(const RingPlace& place, std::size_t count, std::size_t elem_size, int shift,
                        const PipelineOptions& o)
-    : count_(count), es_(elem_size), rank_(comm.rank()), p_(comm.size()), shift_(shift),
-      nseg_(detail::num_segments(block_count(count, p_, 0), es_, o)) {}
+    : count_(count), es_(elem_size), index_(place.index), p_(place.size), shift_(shift), next_(place.next),
+      prev_(place.prev), nseg_(detail::num_segments(block_count(count, p_, 0), es_, o)) {}
 
 std::size_t RingLayout::max_segment_bytes() const {
   return ((block_count(count_, p_, 0) + nseg_ - 1) / nseg_) * es_;
@@ -17,10 +30,10 @@ Range RingLayout::segment(int chunk, std::size_t j) const {
   return split(Range{block_begin(count_, p_, chunk), block_count(count_, p_, chunk)}, nseg_, j);
 }
 
-RingReduceScatterSteps::RingReduceScatterSteps(Communicator& comm, const void* in, void* partial,
+RingReduceScatterSteps::RingReduceScatterSteps(const RingPlace& place, const void* in, void* partial,
                                                void* final_chunk, std::size_t count, DType dtype,
                                                ReduceOp op, int shift, const PipelineOptions& o)
-    : layout_(comm, count, dtype_size(dtype), shift, o),
+    : layout_(place, count, dtype_size(dtype), shift, o),
       in_(static_cast<const unsigned char*>(in)),
       partial_(static_cast<unsigned char*>(partial)),
       final_(static_cast<unsigned char*>(final_chunk)),
@@ -47,9 +60,9 @@ void RingReduceScatterSteps::on_received(int step, std::size_t seg_index, const 
   if (last && op_ == ReduceOp::kAvg) kernels::divide(dst, seg.count, dtype_, p);
 }
 
-RingAllgatherSteps::RingAllgatherSteps(Communicator& comm, void* buf, std::size_t count, DType dtype,
+RingAllgatherSteps::RingAllgatherSteps(const RingPlace& place, void* buf, std::size_t count, DType dtype,
                                        int shift, const PipelineOptions& o)
-    : layout_(comm, count, dtype_size(dtype), shift, o), buf_(static_cast<unsigned char*>(buf)) {}
+    : layout_(place, count, dtype_size(dtype), shift, o), buf_(static_cast<unsigned char*>(buf)) {}
 
 Unit RingAllgatherSteps::unit(int step, std::size_t seg) const {
   const std::size_t es = layout_.elem_size();
@@ -81,14 +94,14 @@ struct StepMajor : ScheduleBase {
 void ring_reduce_scatter_phase(Communicator& comm, const void* in, void* partial, void* final_chunk,
                                std::size_t count, DType dtype, ReduceOp op, int shift,
                                const PipelineOptions& pipeline) {
-  RingReduceScatterSteps steps(comm, in, partial, final_chunk, count, dtype, op, shift, pipeline);
+  RingReduceScatterSteps steps(RingPlace::of(comm), in, partial, final_chunk, count, dtype, op, shift, pipeline);
   StepMajor<RingReduceScatterSteps, true> schedule(steps, comm.size());
   run_pipeline(comm, schedule, pipeline, kTagRingReduceScatter);
 }
 
 void ring_allgather_phase(Communicator& comm, void* buf, std::size_t count, DType dtype, int shift,
                           const PipelineOptions& pipeline, Tag tag) {
-  RingAllgatherSteps steps(comm, buf, count, dtype, shift, pipeline);
+  RingAllgatherSteps steps(RingPlace::of(comm), buf, count, dtype, shift, pipeline);
   StepMajor<RingAllgatherSteps, false> schedule(steps, comm.size());
   run_pipeline(comm, schedule, pipeline, tag);
 }

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -34,6 +35,21 @@ std::vector<int> Communicator::local_ranks() const {
   return out;
 }
 
+int Communicator::ranks_per_node() const { return node_of_.empty() ? size() : ranks_per_node_; }
+
+void Communicator::set_topology(Topology topology) {
+  const std::size_t p = static_cast<std::size_t>(size());
+  if (topology.known()) {
+    std::vector<bool> seen(p, false);
+    ZCOLL_REQUIRE(topology.ring.size() == p, "set_topology: a ring of ", topology.ring.size(), " ranks for ", p);
+    for (int r : topology.ring) {
+      ZCOLL_REQUIRE(r >= 0 && static_cast<std::size_t>(r) < p && !seen[r], "set_topology: the ring order is not a permutation of 0..", p - 1);
+      seen[r] = true;
+    }
+  }
+  topology_ = std::move(topology);
+}
+
 void Communicator::set_nodes(const std::vector<int>& labels) {
   ZCOLL_CHECK_EQ(labels.size(), static_cast<std::size_t>(size()), "one node label per rank");
   std::map<int, int> number;  // label -> node, in order of first appearance
@@ -43,6 +59,10 @@ void Communicator::set_nodes(const std::vector<int>& labels) {
     node_of_.push_back(number.emplace(label, next).first->second);
   }
   node_count_ = static_cast<int>(number.size());
+  std::vector<int> per_node(node_count_, 0);
+  for (int node : node_of_) ++per_node[node];
+  const bool equal = std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; });
+  ranks_per_node_ = equal ? per_node[0] : 0;
 }
 
 }  // namespace zcoll

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/shared_arena.h"
+#include "comm/topology.h"
 #include "common/dtype.h"
 
 namespace zcoll {
@@ -30,6 +31,7 @@ enum class Scratch : int {
   kWideResult,          // float32 result before rounding to a 2-byte output
   kPairs,               // every rank's (index, value) pairs
   kResidual,            // a scratch error-feedback residual (measure_error without one)
+  kHierarchicalInput,   // the compressed hierarchical allreduce's input with the residual folded in
   kCount
 };
 
@@ -77,6 +79,16 @@ class Communicator {
   int node_of(int rank) const;
   int node_count() const { return node_count_; }
   std::vector<int> local_ranks() const;  // the ranks of this rank's node, ascending
+  // L when every node holds L ranks, 0 when nodes differ in size (the hierarchical allreduce
+  // needs equal nodes).
+  int ranks_per_node() const;
+
+  // Link bandwidths and the ring order derived from them (comm/topology.h), for the
+  // topology-ordered ring and `auto`: from ZCOLL_TOPOLOGY (MPI), set_topology (Python's
+  // Communicator.set_topology) or nothing (Topology::known() false). Every rank must hold the
+  // same one: check mode compares the ring's fingerprint.
+  const Topology& topology() const { return topology_; }
+  void set_topology(Topology topology);
 
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, Scratch purpose);
@@ -93,6 +105,8 @@ class Communicator {
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];
   std::vector<int> node_of_;  // empty: one node
   int node_count_ = 1;
+  int ranks_per_node_ = 0;    // set_nodes' answer for ranks_per_node()
+  Topology topology_;
 };
 
 }  // namespace zcoll

@@ -248,6 +248,10 @@ InProcGroup::InProcGroup(int size, const InProcOptions& options) : options_(opti
                   options.nodes.size(), " labels for ", size, " ranks");
     for (auto& c : comms_) c->set_nodes(options.nodes);
   }
+  if (!options.bandwidth.empty()) {
+    const Topology topology = topology_from_bandwidth(options.bandwidth, size);
+    for (auto& c : comms_) c->set_topology(topology);
+  }
 }
 
 InProcGroup::~InProcGroup() {

@@ -74,6 +74,9 @@ struct InProcOptions {
   double stall_seconds = 60.0;         // run_ranks: abort when no request moved for this long
   std::vector<int> nodes;              // a node label per rank (node_of); empty: one node. The
                                        // shm path needs one node, as over MPI.
+  std::vector<double> bandwidth;       // p x p link bandwidths (bytes/s, row sends to column) for
+                                       // Communicator::topology(); empty: none (ZCOLL_TOPOLOGY is
+                                       // not read here)
 };
 
 class InProcGroup;

@@ -57,9 +57,10 @@ std::string machine_id() {
 }
 
 // Where each rank lives, from one allgather: its machine, MPI's shared-memory group (named by its
-// lowest rank) and ZCOLL_NODE_ID.
+// lowest rank), ZCOLL_NODE_ID and its rank in MPI_COMM_WORLD (what a probe's matrix is indexed by).
 struct Placement {
   std::vector<int> node_labels;  // equal for ranks on one node
+  std::vector<int> world_ranks;
   int machine_ranks = 1;         // ranks on this rank's machine
 };
 
@@ -69,10 +70,12 @@ Placement locate_ranks(MPI_Comm comm, int rank, int mpi_node) {
   constexpr std::size_t kText = 256;  // ZCOLL_NODE_ID holds at most 255 characters (env.cc)
   struct Key {
     int mpi_node;
+    int world_rank;
     char machine[kText];
     char node_id[kText];
   } mine{};
   mine.mpi_node = mpi_node;
+  ZCOLL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mine.world_rank));
   const std::string machine = machine_id();
   const std::string& node_id = env::get_string(env::Var::kNodeId);
   ZCOLL_CHECK_LT(node_id.size(), kText, "ZCOLL_NODE_ID length");
@@ -91,6 +94,7 @@ Placement locate_ranks(MPI_Comm comm, int rank, int mpi_node) {
   out.node_labels.resize(size);
   out.machine_ranks = 0;
   for (int r = 0; r < size; ++r) {
+    out.world_ranks.push_back(all[r].world_rank);
     out.node_labels[r] = r;
     for (int q = 0; q < r; ++q)
       if (same_node(q, r)) {
@@ -100,6 +104,27 @@ Placement locate_ranks(MPI_Comm comm, int rank, int mpi_node) {
     out.machine_ranks += same_machine(r, rank) ? 1 : 0;
   }
   return out;
+}
+
+// ZCOLL_TOPOLOGY, read by every rank; if any rank fails (no file, another placement), every rank
+// throws, so none goes on to a collective the others never enter. Collective over comm.
+Topology topology_from_env(MPI_Comm comm, const Placement& placement, const std::vector<int>& node_of) {
+  const std::string& path = env::get_string(env::Var::kTopology);
+  if (path.empty()) return {};
+  std::string error;
+  Topology topology;
+  try {
+    int world_size = 0;
+    ZCOLL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    topology = topology_from_probe(read_probe_file(path), path, world_size, placement.world_ranks, node_of);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int ok = error.empty() ? 1 : 0;
+  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
+  if (!error.empty()) throw std::invalid_argument(error);
+  ZCOLL_REQUIRE(ok, "ZCOLL_TOPOLOGY: another rank could not use '", path, "' (its message says why)");
+  return topology;
 }
 
 WaitPolicy choose_wait_policy(bool oversubscribed) {
@@ -208,6 +233,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_free(&shared));
   const Placement placement = locate_ranks(comm_, rank_, mpi_node);
   set_nodes(placement.node_labels);
+  std::vector<int> nodes(size_);
+  for (int r = 0; r < size_; ++r) nodes[r] = node_of(r);
+  set_topology(topology_from_env(comm_, placement, nodes));
   machine_ranks_ = placement.machine_ranks;
   oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);

@@ -45,6 +45,9 @@ constexpr Spec kSpecs[] = {
      "of MPI's grouping; emulates a cluster on one machine, like NCCL_HOSTID (unset: MPI decides)"},
     {Var::kTrace, "ZCOLL_TRACE", Kind::kString, "", "", 0, 4096,
      "a directory: trace every DDP model's training steps (zcoll.torch) and write the traces there at exit"},
+    {Var::kTopology, "ZCOLL_TOPOLOGY", Kind::kString, "", "", 0, 4096,
+     "the probe.json of `zcoll probe` on this job's world: every MPI communicator orders its ring by the "
+     "measured links (algorithm ordered_ring; auto uses it when the rank-order ring has a slow hop)"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 

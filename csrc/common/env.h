@@ -26,6 +26,7 @@ enum class Var : int {
   kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR string    where `zcoll run` tells a job to checkpoint
   kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)
   kTrace,          // ZCOLL_TRACE          string   directory for step traces (zcoll.torch)
+  kTopology,       // ZCOLL_TOPOLOGY       string   a probe.json: link bandwidths for the ordered ring
   kCount
 };
 

@@ -23,12 +23,24 @@ from .compression import (
 __version__ = _C.__version__
 
 
-def choose_algorithm(nbytes: int, ranks: int, *, shared_memory: bool = True, oversubscribed: bool = False) -> str:
+def choose_algorithm(
+    nbytes: int,
+    ranks: int,
+    *,
+    shared_memory: bool = True,
+    oversubscribed: bool = False,
+    node_hierarchy: bool = False,
+    ordered_ring_gain: float = 1.0,
+) -> str:
     """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
 
     shared_memory: every rank on one node; oversubscribed: more ranks than cores on a node
-    (then MPI's own collectives busy-spin and are never picked)."""
-    return _C.choose_allreduce_algorithm(nbytes, ranks, not oversubscribed, shared_memory, oversubscribed)
+    (then MPI's own collectives busy-spin and are never picked); node_hierarchy: several nodes
+    with the same number (> 1) of ranks each; ordered_ring_gain: how many times faster the
+    slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain)."""
+    return _C.choose_allreduce_algorithm(
+        nbytes, ranks, not oversubscribed, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain
+    )
 
 
 def block_range(count: int, ranks: int, rank: int) -> range:

@@ -8,6 +8,7 @@ result when no ``out`` is given, and what is returned.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import weakref
 from typing import Any, Optional
@@ -65,6 +66,11 @@ class Communicator(_C.Comm):
     Free it with ``free()`` or a ``with`` block on every rank (freeing is collective); one that
     is garbage-collected unfreed warns (ResourceWarning) and leaks its MPI communicator.
 
+    ``topology``: the links between its ranks as measured by ``zcoll probe`` (a
+    ``zcoll.probe.ProbeResult``, the path of its probe.json, or a size x size matrix of bytes/s,
+    row sends to column), for algorithm ``ordered_ring`` and ``auto`` (see ``set_topology``).
+    ``ZCOLL_TOPOLOGY=probe.json`` does the same for every communicator of a job.
+
     Example::
 
         import numpy as np, zcoll
@@ -74,7 +80,7 @@ class Communicator(_C.Comm):
         total = comm.allreduce(g)                    # new array
     """
 
-    def __init__(self, comm: Any = None, *, check: Optional[bool] = None):
+    def __init__(self, comm: Any = None, *, check: Optional[bool] = None, topology: Any = None):
         from mpi4py import MPI  # initialises MPI when it is not yet
 
         if comm is None:
@@ -85,6 +91,35 @@ class Communicator(_C.Comm):
             raise ValueError("comm is MPI.COMM_NULL")
         super().__init__(comm.py2f(), _C.env_get("ZCOLL_CHECK") if check is None else bool(check))
         _live.add(self)
+        if topology is not None:
+            self.set_topology(topology)
+
+    def set_topology(self, topology: Any) -> None:
+        """Orders algorithm ``ordered_ring`` by measured link bandwidths (and lets ``auto`` use it).
+
+        topology: a ``zcoll.probe.ProbeResult`` (``zcoll.probe.load(path)`` or
+        ``zcoll.probe.measure(comm)``), the path of a probe.json, or a (size, size) array of
+        bytes/s (row i sends to column j; the diagonal is ignored); None forgets it. The ring
+        order kept is the one whose slowest hop is fastest (``ring_order``, from rank 0), as
+        ``zcoll.topology.best_cycle`` chooses; ``ring_gain`` says how much faster that hop is than
+        rank order's slowest. ``auto`` runs the ordered ring when ring_gain >= 1.25 and no other
+        rule applies first. Every rank must pass the same matrix (with check=True or ZCOLL_CHECK=1
+        an ``ordered_ring`` call on ranks that disagree raises MismatchError on every rank).
+        The matrix is indexed by this communicator's ranks: a probe of another communicator (or
+        another placement) describes other links.
+        """
+        if topology is None:
+            self._set_topology([])
+            return
+        if isinstance(topology, (str, os.PathLike)):
+            from . import probe
+
+            topology = probe.load(topology)
+        matrix = getattr(topology, "bandwidth", topology)
+        bw = np.asarray(matrix, dtype=np.float64)
+        if bw.shape != (self.size, self.size):
+            raise ValueError(f"topology: a ({self.size}, {self.size}) bandwidth matrix for {self.size} ranks, got shape {bw.shape}")
+        self._set_topology(bw.tolist())
 
     def free(self) -> None:
         """Releases the MPI communicator (collective: every rank must call it). Idempotent."""
@@ -117,12 +152,16 @@ class Communicator(_C.Comm):
 
         op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
         recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
-        node), or mpi (the MPI library's own MPI_Allreduce). Both also take the enums
-        zcoll._C.ReduceOp / zcoll._C.Algorithm.
+        node), hierarchical (node-local reduce-scatter, inter-node ring, node-local allgather;
+        the same number of ranks on every node), ordered_ring (the ring in the order of
+        ``ring_order``; needs a topology), or mpi (the MPI library's own MPI_Allreduce). Both
+        also take the enums zcoll._C.ReduceOp / zcoll._C.Algorithm.
         out: where the result goes (may be x itself for in place); a new array when None.
 
         compression: a compressor from zcoll.compression (GradientQuantizer, TopK, RandomK,
         Threshold, HalfPrecision); op must then be sum or avg and x float32, float16 or bfloat16.
+        algorithm must then be auto, or hierarchical with a quantizer or HalfPrecision: only the
+        inter-node stage is compressed (the node-local stages are exact).
         key names the tensor, for the compressor's error-feedback residual (required when error
         feedback is on). The compressor's ``last_stats`` reports wire bytes and errors; NaN or
         Inf in x raises FloatingPointError on every rank. For example, in a DDP hook::
