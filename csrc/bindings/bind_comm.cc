@@ -59,6 +59,22 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           "pipeline_depth", [](const CommHandle& c) { return c.pipeline.depth; },
           [](CommHandle& c, int v) { c.pipeline.depth = v; },
           "Receives posted ahead (0: ZCOLL_PIPELINE_DEPTH).")
+      .def_property(
+          "timeout", [](CommHandle& c) { return c.comm().watchdog().timeout(); },
+          [](CommHandle& c, py::object seconds) {
+            c.comm().watchdog().set_timeout(seconds.is_none() ? 0.0 : seconds.cast<double>());
+          },
+          "Seconds a collective may wait for other ranks before every rank raises zcoll.TimeoutError "
+          "(0 or None: never). Default: ZCOLL_TIMEOUT (600).")
+      .def_property_readonly(
+          "broken", [](CommHandle& c) { return !c.freed() && c.comm().watchdog().broken(); },
+          "True once a TimeoutError broke this communicator (every later call raises BrokenError).")
+      .def(
+          "abort",
+          [](CommHandle& c, const std::string& reason) { c.comm().watchdog().request_abort(reason); },
+          py::arg("reason") = "aborted by the caller",
+          "Makes the running collective of this communicator (or its next one) fail on every rank with "
+          "zcoll.TimeoutError naming `reason`; safe from any thread. The communicator is broken afterwards.")
       .def("free", &CommHandle::free, py::call_guard<py::gil_scoped_release>(),
            "Releases the MPI communicator (collective: every rank must call it). Idempotent.")
       .def(
@@ -73,6 +89,8 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           },
           "Bytes and messages this rank sent through zcoll, and the number of collectives.")
       .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
+  m.def("broken_count", &Watchdog::broken_count,
+        "Communicators of this process that a failure (zcoll.TimeoutError) broke so far.");
   m.def("mpi_initialized", [] {
     int flag = 0;
     MPI_Initialized(&flag);

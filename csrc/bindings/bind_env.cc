@@ -29,7 +29,8 @@ void bind_env(py::module_& m) {
           case env::Kind::kBool: return py::bool_(env::get_bool(var));
           case env::Kind::kInt:
           case env::Kind::kBytes: return py::int_(env::get_int(var));
-          case env::Kind::kChoice: break;
+          case env::Kind::kChoice:
+          case env::Kind::kString: break;
         }
         return py::str(env::get_choice(var));
       },

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/call_scope.h"
 #include "collectives/compressed.h"
 #include "common/check.h"
 #include "kernels/quantize.h"
@@ -110,6 +111,7 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
                           const CompressionOptions& o, CompressionStats* stats_out) {
   validate(o, dtype, count);
   ZCOLL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), "allreduce_compressed: null buffer");
+  const detail::CallScope scope(comm, {o.kind == Compression::kNone ? "allreduce" : "allreduce_compressed", count, dtype});
   if (o.kind != Compression::kNone) detail::check_same_call(comm, call_header(o, dtype, count), o.check_args);
   CompressionStats stats;
   const int p = comm.size();

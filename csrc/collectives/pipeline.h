@@ -127,6 +127,7 @@ class Channel {
   Request send(const Transfer& t) { return comm_.isend(t.buf, t.bytes, t.peer, tag_); }
   Request recv(void* buf, const Transfer& t) { return comm_.irecv(buf, t.bytes, t.peer, tag_); }
   void complete(Request& r) { comm_.wait(r); }
+  void cancel(Request& r) noexcept { comm_.cancel(r); }
   Communicator& comm() { return comm_; }
 
  private:
@@ -169,22 +170,31 @@ void run_pipeline(Communicator& comm, Schedule& schedule, const PipelineOptions&
     while (sends_end - sends_begin > keep) channel.complete(sends[sends_begin++ % kMaxSends]);
   };
 
-  for (std::size_t u = 0; u < depth; ++u) post_recvs(u);
-  for (std::size_t u = 0; u < num_units; ++u) {
-    schedule.before_send(u);
-    const Unit unit = schedule.unit(u);
-    for (const Transfer& t : unit.send) {
-      if (t.bytes == 0) continue;
-      wait_sends(send_window - 1);
-      sends[sends_end++ % kMaxSends] = channel.send(t);
+  try {
+    for (std::size_t u = 0; u < depth; ++u) post_recvs(u);
+    for (std::size_t u = 0; u < num_units; ++u) {
+      schedule.before_send(u);
+      const Unit unit = schedule.unit(u);
+      for (const Transfer& t : unit.send) {
+        if (t.bytes == 0) continue;
+        wait_sends(send_window - 1);
+        sends[sends_end++ % kMaxSends] = channel.send(t);
+      }
+      if (unit.wait_sends_first) wait_sends(0);
+      const std::size_t s = u % depth;
+      for (Request& r : recvs[s]) channel.complete(r);
+      schedule.on_received(u, slots[s]);
+      post_recvs(u + depth);
     }
-    if (unit.wait_sends_first) wait_sends(0);
-    const std::size_t s = u % depth;
-    for (Request& r : recvs[s]) channel.complete(r);
-    schedule.on_received(u, slots[s]);
-    post_recvs(u + depth);
+    wait_sends(0);
+  } catch (...) {
+    // A failed call (a peer lost, a deadline, a bad message): nothing it posted may write into
+    // the caller's buffers later or be matched by a later call.
+    for (auto& unit_recvs : recvs)
+      for (Request& r : unit_recvs) channel.cancel(r);
+    for (Request& r : sends) channel.cancel(r);
+    throw;
   }
-  wait_sends(0);
 }
 
 }  // namespace zcoll::detail

@@ -5,16 +5,20 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/shared_arena.h"
+#include "comm/watchdog.h"
 #include "common/dtype.h"
 
 namespace zcoll {
 
-// An in-flight send or receive. The transport owns the meaning of `handle`.
+// An in-flight send or receive. The transport owns the meaning of `handle`; `peer` is the rank
+// on the other end (what a wait that fails names).
 struct Request {
   std::uint64_t handle = 0;
+  int peer = -1;
   bool active = false;
 };
 
@@ -42,7 +46,10 @@ struct CommStats {
 
 class Communicator {
  public:
+  Communicator() : watchdog_(*this) {}
   virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -55,6 +62,11 @@ class Communicator {
   // in flight. Also lets a transport without its own progress thread move messages along, so an
   // algorithm that computes between messages calls it now and then.
   virtual bool test(Request& request) = 0;
+  // Abandons an in-flight request after a failure (the engine does, for every request of a
+  // collective that throws): a receive never writes into its buffer afterwards; a send may or
+  // may not be delivered, and is never matched by a later receive of this transport's peer
+  // when the transport can prevent it. The request becomes inactive. Never throws.
+  virtual void cancel(Request& request) noexcept = 0;
 
   // The transport's own allreduce (MPI_Allreduce for MPI), offered as algorithm "mpi" so that
   // users and benchmarks can compare side by side. Transports without one throw.
@@ -70,6 +82,20 @@ class Communicator {
   virtual bool has_shared_arena() const { return false; }
   virtual SharedArena* shared_arena() { return nullptr; }
 
+  // Failure detection, for the watchdog (comm/watchdog.h). Every wait of the transport calls
+  // watchdog().poll(peer) between unsuccessful polls (or check() when it wakes up).
+  //   peer_alive:        false once the peer's process is known to be gone;
+  //   describe_peer:     what is known about the peer's process, for messages ("" if nothing);
+  //   announce:          `status` to every other rank, without blocking, on a channel of its own;
+  //   next_announcement: one announcement received from another rank, if any;
+  //   transport_check:   throws when the transport itself has failed (an aborted group).
+  virtual bool peer_alive(int peer) = 0;
+  virtual std::string describe_peer(int) { return ""; }
+  virtual void announce(const PeerStatus& status) = 0;
+  virtual bool next_announcement(PeerStatus& status) = 0;
+  virtual void transport_check() {}
+  Watchdog& watchdog() { return watchdog_; }
+
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, Scratch purpose);
 
@@ -77,6 +103,7 @@ class Communicator {
 
  protected:
   CommStats stats_;
+  Watchdog watchdog_;
 
  private:
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];

@@ -6,8 +6,19 @@
 // wait() polls MPI_Test with a Backoff (comm/backoff.h): spin for tens of microseconds, then
 // sched_yield() between polls. ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default
 // auto: after 64 polls when the ranks on this node outnumber its cores, after 4096 otherwise).
+// Every wait polls the watchdog (comm/watchdog.h) between MPI_Tests, so it ends at the call's
+// deadline or when a peer is lost; the "mpi" algorithm runs MPI_Iallreduce and waits the same way.
+//
+// Failure detection: at creation the ranks exchange their pid and a machine identity (boot id
+// and pid namespace), so a rank can tell whether a peer on the same machine still exists
+// (kill(pid, 0), and /proc for zombies and stopped processes). Failure announcements travel on a
+// duplicate of the communicator of their own, so they never match zcoll's messages.
 #pragma once
 #include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -28,6 +39,7 @@ class MpiCommunicator final : public Communicator {
   Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
   void wait(Request& request) override;
   bool test(Request& request) override;
+  void cancel(Request& request) noexcept override;
   void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
@@ -35,16 +47,27 @@ class MpiCommunicator final : public Communicator {
   // Off with ZCOLL_SHM=0 (e.g. to measure a network while the ranks share one machine).
   bool has_shared_arena() const override { return shm_allowed_ && local_size_ == size_; }
   SharedArena* shared_arena() override;
+  bool peer_alive(int peer) override;
+  std::string describe_peer(int peer) override;
+  void announce(const PeerStatus& status) override;
+  bool next_announcement(PeerStatus& status) override;
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
   int local_size() const { return local_size_; }
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
-  // Idempotent. The destructor never does this (see mpi_communicator.cc).
+  // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
+  // communicator it releases nothing through MPI (the peers it would synchronise with may be
+  // gone): the MPI objects are left to MPI_Finalize or the end of the process.
   void free();
 
  private:
+  // An MPI return code of a wait: failures become the watchdog's failure naming `peer`.
+  void check_wait(int rc, int peer);
+  bool same_machine(int peer) const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)
   int rank_ = 0;
   int size_ = 1;
   int local_size_ = 1;
@@ -53,6 +76,9 @@ class MpiCommunicator final : public Communicator {
   bool shm_allowed_ = true;
   MPI_Win arena_window_ = MPI_WIN_NULL;
   SharedArena arena_;
+  std::vector<std::int64_t> pids_;      // every rank's process id
+  std::vector<std::uint64_t> machine_;  // every rank's machine identity (boot id, pid namespace)
+  PeerStatus announced_;                // the buffer of this rank's announcement sends
 };
 
 // The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree

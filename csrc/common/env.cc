@@ -36,6 +36,14 @@ constexpr Spec kSpecs[] = {
      "allow the node-local shared-memory path (0: MPI messages only)"},
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
+    {Var::kTimeout, "ZCOLL_TIMEOUT", Kind::kInt, "600", "", 0, 31536000,
+     "seconds a collective may wait for other ranks before every rank raises zcoll.TimeoutError (0: never)"},
+    {Var::kFlightRecorder, "ZCOLL_FLIGHT_RECORDER", Kind::kInt, "256", "", 0, 1 << 20,
+     "collectives each communicator's flight recorder keeps (0: off)"},
+    {Var::kDumpDir, "ZCOLL_DUMP_DIR", Kind::kString, "", "", 0, 0,
+     "directory for flight-recorder dumps (empty: a zcoll-dumps directory in the temp dir)"},
+    {Var::kTelemetry, "ZCOLL_TELEMETRY", Kind::kBool, "1", "", 0, 0,
+     "time every message and collective for comm.link_stats() and comm.diagnose() (0: off)"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
@@ -58,6 +66,8 @@ std::string valid_text(const Spec& s) {
       return detail::concat("an integer from ", s.min, " to ", s.max);
     case Kind::kBytes:
       return detail::concat("a byte count from ", s.min, " to ", s.max, " (suffixes K, M, G)");
+    case Kind::kString:
+      return "any text";
     case Kind::kChoice:
       break;
   }
@@ -107,6 +117,8 @@ std::string normalise(const Spec& s, const std::string& value) {
     case Kind::kInt:
     case Kind::kBytes:
       return std::to_string(parse_integer(s, value));
+    case Kind::kString:
+      return value;
     case Kind::kChoice:
       break;
   }
@@ -135,7 +147,7 @@ const Value& value(Var var) {
       const char* raw = std::getenv(s.name);
       v.from_env = raw != nullptr && raw[0] != '\0';
       v.text = normalise(s, v.from_env ? raw : s.default_value);
-      if (s.kind != Kind::kChoice) v.number = std::stoll(v.text);
+      if (s.kind != Kind::kChoice && s.kind != Kind::kString) v.number = std::stoll(v.text);
     }
     std::copy(std::begin(parsed), std::end(parsed), std::begin(values));
     ready = true;
@@ -160,7 +172,7 @@ long long get_int(Var var) {
 }
 
 const std::string& get_choice(Var var) {
-  require_kind(var, spec(var).kind == Kind::kChoice);
+  require_kind(var, spec(var).kind == Kind::kChoice || spec(var).kind == Kind::kString);
   return value(var).text;
 }
 

@@ -22,6 +22,10 @@ enum class Var : int {
   kWait,           // ZCOLL_WAIT           choice   how ranks wait
   kShm,            // ZCOLL_SHM            bool     allow the shared-memory path
   kShmBytes,       // ZCOLL_SHM_BYTES      bytes    shared memory per rank
+  kTimeout,        // ZCOLL_TIMEOUT        int      seconds before a collective fails (0: never)
+  kFlightRecorder, // ZCOLL_FLIGHT_RECORDER int     collectives kept per communicator (0: off)
+  kDumpDir,        // ZCOLL_DUMP_DIR       string   where flight-recorder dumps go
+  kTelemetry,      // ZCOLL_TELEMETRY      bool     per-link and per-rank timing of every message
   kCount
 };
 
@@ -29,7 +33,7 @@ enum class Var : int {
 // the variable's kind (an invariant: a mismatch throws zcoll::Error).
 bool get_bool(Var var);
 long long get_int(Var var);
-const std::string& get_choice(Var var);
+const std::string& get_choice(Var var);  // kChoice and kString
 
 struct Setting {
   std::string name;     // ZCOLL_...
@@ -44,7 +48,7 @@ std::vector<Setting> settings();
 // The variable called `name` (ZCOLL_...); std::invalid_argument listing the known ones.
 Var find(const std::string& name);
 const char* name_of(Var var);
-enum class Kind : int { kBool, kInt, kBytes, kChoice };
+enum class Kind : int { kBool, kInt, kBytes, kChoice, kString };
 Kind kind_of(Var var);
 
 // Parses a value as the variable would (for tests and for Python-side variables).

@@ -7,7 +7,7 @@
     comm.allreduce(grad, op="avg", out=grad, compression=q, key="grad")
 """
 from . import _C
-from ._C import MismatchError, ZcollError
+from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
 from .communicator import ALGORITHMS, OPS, Communicator
 from .compression import (
     CompressionStats,
@@ -39,6 +39,7 @@ def block_range(count: int, ranks: int, rank: int) -> range:
 
 __all__ = [
     "ALGORITHMS",
+    "BrokenError",
     "OPS",
     "Communicator",
     "CompressionStats",
@@ -48,7 +49,9 @@ __all__ = [
     "MismatchError",
     "Payload",
     "RandomK",
+    "RankLostError",
     "Threshold",
+    "TimeoutError",
     "TopK",
     "ZcollError",
     "__version__",

@@ -25,9 +25,20 @@ ALGORITHMS = tuple(_C.Algorithm.__members__)
 # collected unfreed only warns and leaks its MPI communicator (csrc/bindings/bind_comm.cc).
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
+# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError): 75,
+# EX_TEMPFAIL ("temporary failure, try again"), for launchers that restart such jobs. The
+# process then ends through MPI_Abort, which takes the whole job down: MPI_Finalize would wait
+# for the ranks that were lost. Every rank that raised also printed one line on stderr:
+#     ZCOLL-FAILURE rank=R size=P kind=timeout|rank_lost|peer_failed|aborted|transport ...
+FAILURE_EXIT_STATUS = 75
+
 
 @atexit.register
 def _free_all() -> None:
+    if _C.broken_count():
+        from mpi4py.run import set_abort_status
+
+        set_abort_status(FAILURE_EXIT_STATUS)  # MPI_Abort at exit instead of MPI_Finalize
     for c in list(_live):
         c.free()
 
@@ -65,6 +76,13 @@ class Communicator(_C.Comm):
     Free it with ``free()`` or a ``with`` block on every rank (freeing is collective); one that
     is garbage-collected unfreed warns (ResourceWarning) and leaks its MPI communicator.
 
+    ``timeout`` (seconds; default ``ZCOLL_TIMEOUT``, 600; 0 or None: never): a collective that
+    waits longer for other ranks fails on every surviving rank with ``zcoll.TimeoutError`` naming
+    the call, its sequence number, its size and the ranks that never arrived. A rank whose process
+    dies makes the others raise ``zcoll.RankLostError`` (a TimeoutError) within about a second.
+    Afterwards the communicator is broken (``broken``): every call raises ``zcoll.BrokenError``;
+    create a new one. ``abort(reason)`` (from any thread) fails the running call the same way.
+
     Example::
 
         import numpy as np, zcoll
@@ -74,7 +92,7 @@ class Communicator(_C.Comm):
         total = comm.allreduce(g)                    # new array
     """
 
-    def __init__(self, comm: Any = None, *, check: Optional[bool] = None):
+    def __init__(self, comm: Any = None, *, check: Optional[bool] = None, timeout: Optional[float] = None):
         from mpi4py import MPI  # initialises MPI when it is not yet
 
         if comm is None:
@@ -84,6 +102,8 @@ class Communicator(_C.Comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
         super().__init__(comm.py2f(), _C.env_get("ZCOLL_CHECK") if check is None else bool(check))
+        if timeout is not None:
+            self.timeout = timeout
         _live.add(self)
 
     def free(self) -> None:

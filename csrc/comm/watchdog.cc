@@ -1,0 +1,286 @@
+#include "comm/watchdog.h"
+
+#include <time.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "comm/clock.h"
+#include "comm/communicator.h"
+#include "common/check.h"
+#include "common/env.h"
+
+namespace zcoll {
+namespace {
+
+using detail::concat;
+
+void sleep_ns(std::int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / kNsPerSecond), static_cast<long>(ns % kNsPerSecond)};
+  nanosleep(&ts, nullptr);
+}
+
+// "Rank 3", "Ranks 1, 2" (they start a sentence)
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "Rank " : "Ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += concat(i ? ", " : "", ranks[i]);
+  return s;
+}
+
+std::string list_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += concat(i ? "," : "", ranks[i]);
+  return s.empty() ? "-" : s;
+}
+
+const char* kind_name(FailureReason r) {
+  switch (r) {
+    case FailureReason::kTimeout: return "timeout";
+    case FailureReason::kRankLost: return "rank_lost";
+    case FailureReason::kPeerFailed: return "peer_failed";
+    case FailureReason::kAborted: return "aborted";
+    case FailureReason::kTransport: return "transport";
+    case FailureReason::kNone: break;
+  }
+  return "none";
+}
+
+// What a peer's announcement says it was doing: "in allreduce #12", "between calls (after #11)".
+std::string doing(const PeerStatus& s) {
+  if (s.in_call) return concat("in ", s.collective, " #", s.seq);
+  return concat("in no zcoll call (its last was #", s.seq, ")");
+}
+
+// Why a peer says it failed, as "rank R <this>".
+std::string peer_reason(const PeerStatus& s) {
+  switch (static_cast<FailureReason>(s.reason)) {
+    case FailureReason::kTimeout: return concat("timed out ", doing(s));
+    case FailureReason::kRankLost: return concat("found rank ", s.lost, " lost ", doing(s));
+    case FailureReason::kAborted: return concat("was aborted ", doing(s));
+    case FailureReason::kTransport: return concat("had a transport error ", doing(s));
+    default: break;
+  }
+  return concat("failed ", doing(s));
+}
+
+std::atomic<int> g_broken_count{0};
+
+}  // namespace
+
+int Watchdog::broken_count() { return g_broken_count.load(std::memory_order_relaxed); }
+
+Watchdog::Watchdog(Communicator& comm) : comm_(comm) {
+  set_timeout(static_cast<double>(env::get_int(env::Var::kTimeout)));
+}
+
+void Watchdog::set_timeout(double seconds) {
+  ZCOLL_REQUIRE(seconds == seconds, "timeout must be a number of seconds, not NaN");
+  timeout_ns_ = seconds > 0 && seconds < 1e9 ? static_cast<std::int64_t>(seconds * 1e9) : kNever;
+}
+
+std::uint64_t Watchdog::begin_call(const char* name, std::size_t bytes) {
+  throw_if_broken();
+  if (depth_++ > 0) return seq_;
+  ++seq_;
+  name_ = name;
+  bytes_ = bytes;
+  started_ns_ = 0;
+  deadline_ns_ = kNever;
+  if (abort_requested_.load(std::memory_order_relaxed)) fail(FailureReason::kAborted, -1, "", nullptr);
+  return seq_;
+}
+
+void Watchdog::end_call() {
+  if (depth_ > 0) --depth_;
+}
+
+void Watchdog::check(int) {
+  if (!enabled_) return;
+  comm_.transport_check();
+  const std::int64_t now = coarse_ns();
+  if (started_ns_ == 0 && depth_ > 0) {
+    started_ns_ = now;
+    deadline_ns_ = timeout_ns_ == kNever ? kNever : now + timeout_ns_;
+  }
+  if (abort_requested_.load(std::memory_order_relaxed)) fail(FailureReason::kAborted, -1, "", nullptr);
+  if (now >= deadline_ns_) fail(FailureReason::kTimeout, -1, "", nullptr);
+  if (now >= next_slow_ns_) {
+    next_slow_ns_ = now + kSlowCheckNs;
+    slow_check();
+  }
+}
+
+void Watchdog::slow_check() {
+  PeerStatus s;
+  if (comm_.next_announcement(s) && s.magic == PeerStatus::kMagic && s.rank >= 0 && s.rank < comm_.size() &&
+      s.rank != comm_.rank())
+    fail(FailureReason::kPeerFailed, -1, "", &s);
+  for (int r = 0; r < comm_.size(); ++r)
+    if (r != comm_.rank() && !comm_.peer_alive(r)) fail(FailureReason::kRankLost, r, "", nullptr);
+}
+
+void Watchdog::request_abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_reason_.empty()) abort_reason_ = reason;
+  }
+  abort_requested_.store(true, std::memory_order_release);
+}
+
+void Watchdog::fail_transport(int peer, const std::string& what, bool peer_lost) {
+  fail(peer_lost ? FailureReason::kRankLost : FailureReason::kTransport, peer, what, nullptr);
+}
+
+std::string Watchdog::broken_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_reason_;
+}
+
+void Watchdog::throw_if_broken() const {
+  if (!broken()) return;
+  throw BrokenError(concat("this zcoll communicator is broken by an earlier failure: ", broken_reason(),
+                           " Messages of that call may still be posted, so nothing can be matched safely on it "
+                           "again: create a new communicator (free() on this one releases nothing through MPI)."));
+}
+
+PeerStatus Watchdog::my_status(FailureReason reason, int lost) const {
+  PeerStatus s;
+  s.rank = comm_.rank();
+  s.seq = static_cast<std::int64_t>(seq_);
+  s.in_call = depth_ > 0;
+  s.bytes = static_cast<std::int64_t>(bytes_);
+  s.reason = static_cast<std::int64_t>(reason);
+  s.lost = lost;
+  std::snprintf(s.collective, sizeof s.collective, "%s", depth_ > 0 ? name_ : "");
+  return s;
+}
+
+void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger) {
+  const int lost = reason == FailureReason::kRankLost ? peer : -1;
+  throw_if_broken();  // a failure while failing (the protocol's own messages) is not reported twice
+  const int p = comm_.size(), me = comm_.rank();
+
+  // a. announce (best effort: the channel may itself be what failed)
+  const PeerStatus mine = my_status(reason, lost);
+  try {
+    comm_.announce(mine);
+  } catch (const std::exception&) {
+  }
+
+  // b. collect the others' announcements for up to kGraceNs
+  std::vector<bool> heard(static_cast<std::size_t>(p), false), dead(static_cast<std::size_t>(p), false);
+  std::vector<PeerStatus> status(static_cast<std::size_t>(p));
+  heard[me] = true;
+  status[me] = mine;
+  auto take = [&](const PeerStatus& s) {
+    if (s.magic != PeerStatus::kMagic || s.rank < 0 || s.rank >= p) return;
+    heard[s.rank] = true;
+    status[s.rank] = s;
+    status[s.rank].collective[sizeof s.collective - 1] = '\0';
+    if (static_cast<FailureReason>(s.reason) == FailureReason::kRankLost && s.lost >= 0 && s.lost < p)
+      dead[s.lost] = true;
+  };
+  if (trigger) take(*trigger);
+  if (lost >= 0 && lost < p) dead[lost] = true;
+  const std::int64_t end = coarse_ns() + kGraceNs;
+  std::int64_t next_liveness = 0;
+  try {
+    for (;;) {
+      PeerStatus s;
+      while (comm_.next_announcement(s)) take(s);
+      const std::int64_t now = coarse_ns();
+      const bool liveness = now >= next_liveness;
+      if (liveness) next_liveness = now + 50'000'000;
+      bool waiting = false;
+      for (int r = 0; r < p; ++r) {
+        if (heard[r] || dead[r]) continue;
+        if (liveness && !comm_.peer_alive(r)) dead[r] = true;
+        else waiting = true;
+      }
+      if (!waiting || now >= end) break;
+      sleep_ns(1'000'000);
+    }
+  } catch (const std::exception&) {  // the channel failed: report what was heard so far
+  }
+
+  // c. who never arrived, who is gone, what the others were doing
+  std::vector<int> missing, gone;
+  for (int r = 0; r < p; ++r) {
+    if (!heard[r]) missing.push_back(r);
+    if (dead[r]) gone.push_back(r);
+  }
+  const std::string call = concat(mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes)");
+  std::string what = concat("zcoll: ", call, " on rank ", me, " of ", p);
+  switch (reason) {
+    case FailureReason::kTimeout: what += concat(" timed out after ", timeout(), " s"); break;
+    case FailureReason::kRankLost:
+      what += concat(" failed: rank ", lost, " is lost");
+      if (!cause.empty()) what += concat(" (", cause, ")");
+      break;
+    case FailureReason::kPeerFailed:
+      what += concat(" failed: rank ", trigger->rank, " ", peer_reason(status[trigger->rank]));
+      break;
+    case FailureReason::kAborted: {
+      std::lock_guard<std::mutex> lock(mu_);
+      what += concat(" was aborted: ", abort_reason_.empty() ? "by the caller" : abort_reason_);
+      break;
+    }
+    case FailureReason::kTransport: what += concat(" failed on a message with rank ", peer, ": ", cause); break;
+    case FailureReason::kNone: break;
+  }
+  what += ".";
+  if (missing.empty()) {
+    what += " Every rank was heard from.";
+  } else {
+    what += concat(" Never arrived (not heard from within ", kGraceNs / 1e9, " s of the failure): ");
+    for (std::size_t i = 0; i < missing.size(); ++i) {
+      const int r = missing[i];
+      const std::string about = comm_.describe_peer(r);
+      what += concat(i ? "; " : "", "rank ", r, dead[r] ? " (lost" : "", dead[r] && !about.empty() ? ": " : "",
+                     dead[r] ? about + ")" : (about.empty() ? "" : " (" + about + ")"));
+    }
+    what += ".";
+  }
+  // Heard-from ranks grouped by what they were doing.
+  std::map<std::tuple<std::int64_t, std::string, std::int64_t>, std::vector<int>> groups;
+  for (int r = 0; r < p; ++r)
+    if (heard[r] && r != me)
+      groups[{status[r].in_call, status[r].collective, status[r].seq}].push_back(r);
+  for (const auto& [key, ranks] : groups) {
+    const PeerStatus& s = status[ranks.front()];
+    const bool same = s.in_call && mine.in_call && s.seq == mine.seq && std::strcmp(s.collective, mine.collective) == 0;
+    what += concat(" ", ranks_text(ranks), ranks.size() == 1 ? " was " : " were ", same ? "also " : "", doing(s), ".");
+  }
+  std::string dump;
+  if (on_failure) {
+    try {
+      dump = on_failure(what);
+    } catch (const std::exception&) {
+    }
+  }
+  if (!dump.empty()) what += concat(" Flight recorder dump: ", dump, ".");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_reason_ = what;
+  }
+  broken_.store(true, std::memory_order_release);
+  g_broken_count.fetch_add(1, std::memory_order_relaxed);
+  std::fprintf(stderr, "ZCOLL-FAILURE rank=%d size=%d kind=%s collective=%s seq=%llu bytes=%zu missing=%s lost=%s dump=%s\n",
+               me, p, kind_name(reason), mine.in_call ? name_ : "-", static_cast<unsigned long long>(seq_), bytes_,
+               list_text(missing).c_str(), list_text(gone).c_str(), dump.empty() ? "-" : dump.c_str());
+  std::fflush(stderr);
+  FailureInfo info;
+  info.collective = mine.in_call ? name_ : "";
+  info.seq = seq_;
+  info.bytes = bytes_;
+  info.missing = missing;
+  info.lost = gone;
+  info.dump_path = dump;
+  if (!gone.empty()) throw RankLostError(what, std::move(info));
+  throw TimeoutError(what, std::move(info));
+}
+
+}  // namespace zcoll

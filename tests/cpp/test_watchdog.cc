@@ -1,0 +1,228 @@
+// The watchdog (comm/watchdog.h) over the in-process transport: a rank that never arrives is
+// named by every other rank once the deadline passes, in every algorithm's waits (messages and
+// shared-memory flags); a rank whose process is gone is named without waiting for a deadline;
+// an abort from another thread fails the call everywhere; afterwards the communicator is broken.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/options.h"
+#include "comm/inproc_communicator.h"
+#include "common/error.h"
+#include "ztest.h"
+
+using zcoll::Algorithm;
+using zcoll::Communicator;
+using zcoll::DType;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What one rank saw: the exception's type, text and info, and how long the failing call took.
+struct Outcome {
+  std::string type = "none";
+  std::string what;
+  zcoll::FailureInfo info;
+  double seconds = 0;
+};
+
+template <typename Call>
+Outcome attempt(Call call) {
+  Outcome o;
+  const auto t0 = Clock::now();
+  try {
+    call();
+  } catch (const zcoll::RankLostError& e) {
+    o.type = "RankLostError";
+    o.what = e.what();
+    o.info = e.info();
+  } catch (const zcoll::TimeoutError& e) {
+    o.type = "TimeoutError";
+    o.what = e.what();
+    o.info = e.info();
+  } catch (const zcoll::BrokenError& e) {
+    o.type = "BrokenError";
+    o.what = e.what();
+  } catch (const std::exception& e) {
+    o.type = "other";
+    o.what = e.what();
+  }
+  o.seconds = seconds_since(t0);
+  return o;
+}
+
+void allreduce_with(Communicator& comm, Algorithm algorithm, std::vector<float>& x) {
+  zcoll::AllreduceOptions o;
+  o.algorithm = algorithm;
+  o.pipeline.max_segment_bytes = 256;  // several segments: waits in the middle of a pipeline
+  zcoll::allreduce(comm, x.data(), x.data(), x.size(), DType::kFloat32, o);
+}
+
+zcoll::InProcGroup& group_of(Communicator& comm) { return dynamic_cast<zcoll::InProcCommunicator&>(comm).group(); }
+
+constexpr double kTimeout = 0.3;
+constexpr double kGrace = zcoll::Watchdog::kGraceNs / 1e9;
+
+// Ranks 0..p-2 run `call` twice (the second one times out); rank p-1 runs it once, then stays
+// away until the others have failed, then makes the call they failed in. What the others posted
+// for it was cancelled when they failed, so it cannot complete that call, except through shared
+// memory, where the others' inputs still lie staged; it then fails in its next call.
+template <typename Call>
+void check_stopped_rank_is_named(const char* name, Call call, bool late_call_may_complete = false) {
+  constexpr int p = 4;
+  ztest::Context ctx(name);
+  std::vector<Outcome> first(p), late(p), after(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = kTimeout;
+  std::atomic<int> failed{0};
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    const int r = comm.rank();
+    call(comm);  // call #1 completes everywhere
+    if (r == p - 1) {
+      while (failed.load() < p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      late[r] = attempt([&] { call(comm); });  // the others announced their failure already
+      if (late[r].type == "none" && late_call_may_complete) late[r] = attempt([&] { call(comm); });
+    } else {
+      first[r] = attempt([&] { call(comm); });
+      failed.fetch_add(1);
+    }
+    after[r] = attempt([&] { call(comm); });
+  });
+  for (int r = 0; r < p - 1; ++r) {
+    ztest::Context c(ztest::str("rank ", r));
+    const Outcome& o = first[static_cast<std::size_t>(r)];
+    CHECK_EQ(o.type, std::string("TimeoutError"));
+    CHECK_EQ(o.info.seq, std::uint64_t{2});
+    CHECK(o.info.missing == std::vector<int>{p - 1});
+    CHECK(o.info.lost.empty());
+    CHECK(contains(o.what, ztest::str(" #2 (")));
+    CHECK(contains(o.what, "Never arrived"));
+    CHECK(contains(o.what, ztest::str("rank ", p - 1)));
+    CHECK_GE(o.seconds, kTimeout);
+    CHECK_LE(o.seconds, kTimeout + kGrace + 1.0);
+  }
+  const Outcome& l = late[p - 1];
+  CHECK_EQ(l.type, std::string("TimeoutError"));
+  CHECK(contains(l.what, "reported") || contains(l.what, "timed out"));
+  CHECK_LE(l.seconds, kGrace + 0.5);
+  for (int r = 0; r < p; ++r) {
+    ztest::Context c(ztest::str("after the failure, rank ", r));
+    CHECK_EQ(after[static_cast<std::size_t>(r)].type, std::string("BrokenError"));
+    CHECK_LE(after[static_cast<std::size_t>(r)].seconds, 0.05);
+  }
+}
+
+}  // namespace
+
+// A rank that does not come is named by the others at the deadline, in the waits of every
+// algorithm: posted receives and sends (ring, tree, recursive doubling, halving-doubling,
+// allgather, barrier) and shared-memory flags (shm).
+TEST(watchdog, stopped_rank_is_named_by_every_other_rank) {
+  const std::vector<std::pair<const char*, Algorithm>> algorithms = {
+      {"ring", Algorithm::kRing},
+      {"tree", Algorithm::kTree},
+      {"recursive_doubling", Algorithm::kRecursiveDoubling},
+      {"halving_doubling", Algorithm::kHalvingDoubling},
+      {"shm", Algorithm::kShm}};
+  for (const auto& [name, algorithm] : algorithms) {
+    const Algorithm a = algorithm;
+    check_stopped_rank_is_named(
+        name,
+        [a](Communicator& comm) {
+          std::vector<float> x(1000, 1.0f);
+          allreduce_with(comm, a, x);
+        },
+        a == Algorithm::kShm);
+  }
+  check_stopped_rank_is_named("allgather", [](Communicator& comm) {
+    std::vector<float> x(100, 1.0f), y(100 * static_cast<std::size_t>(comm.size()));
+    zcoll::allgather(comm, x.data(), y.data(), x.size(), DType::kFloat32);
+  });
+  check_stopped_rank_is_named("barrier", [](Communicator& comm) { zcoll::barrier(comm); });
+}
+
+// A rank whose process is gone is named as lost within a few slow checks, with no deadline.
+TEST(watchdog, lost_rank_is_named_without_a_deadline) {
+  constexpr int p = 4;
+  std::vector<Outcome> out(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = 0;  // never: only liveness ends the wait
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    std::vector<float> x(1000, 1.0f);
+    allreduce_with(comm, Algorithm::kRing, x);
+    if (comm.rank() == 2) {
+      group_of(comm).mark_lost(2);  // "killed": never calls zcoll again
+      return;
+    }
+    out[static_cast<std::size_t>(comm.rank())] = attempt([&] { allreduce_with(comm, Algorithm::kRing, x); });
+  });
+  for (int r : {0, 1, 3}) {
+    ztest::Context c(ztest::str("rank ", r));
+    const Outcome& o = out[static_cast<std::size_t>(r)];
+    CHECK_EQ(o.type, std::string("RankLostError"));
+    CHECK(o.info.lost == std::vector<int>{2});
+    CHECK(o.info.missing == std::vector<int>{2});
+    CHECK(contains(o.what, "rank 2"));
+    CHECK_LE(o.seconds, kGrace + 1.0);
+  }
+}
+
+// request_abort from another thread fails the waiting call on this rank, and the others follow
+// through its announcement; the rank that never came is still named.
+TEST(watchdog, abort_from_another_thread_reaches_every_rank) {
+  constexpr int p = 3;
+  std::vector<Outcome> out(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = 0;
+  std::atomic<bool> others_done{false};
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) {  // never comes; waits until the others are done so that nobody sees it lost
+      while (!others_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::thread aborter;
+    if (r == 0)
+      aborter = std::thread([&comm] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        comm.watchdog().request_abort("the test gave up");
+      });
+    std::vector<float> x(100, 1.0f);
+    out[static_cast<std::size_t>(r)] = attempt([&] { allreduce_with(comm, Algorithm::kRing, x); });
+    if (aborter.joinable()) aborter.join();
+    if (r == 1) others_done.store(true);
+  });
+  CHECK_EQ(out[0].type, std::string("TimeoutError"));
+  CHECK(contains(out[0].what, "the test gave up"));
+  CHECK_EQ(out[1].type, std::string("TimeoutError"));
+  CHECK(contains(out[1].what, "rank 0 was aborted"));
+  for (int r : {0, 1}) CHECK(out[static_cast<std::size_t>(r)].info.missing == std::vector<int>{2});
+}
+
+// Calls that complete: the same sequence numbers on every rank, nothing broken, with and
+// without the watchdog.
+TEST(watchdog, completed_calls_are_numbered_alike_and_leave_nothing_broken) {
+  constexpr int p = 3;
+  std::vector<std::uint64_t> seq(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = 5;
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    std::vector<float> x(100, 1.0f);
+    for (int i = 0; i < 10; ++i) {
+      comm.watchdog().set_enabled(i % 2 == 0);
+      allreduce_with(comm, Algorithm::kRing, x);
+      zcoll::barrier(comm);
+    }
+    CHECK(!comm.watchdog().broken());
+    seq[static_cast<std::size_t>(comm.rank())] = comm.watchdog().seq();
+  });
+  for (int r = 0; r < p; ++r) CHECK_EQ(seq[static_cast<std::size_t>(r)], std::uint64_t{20});
+}
