@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from mpi_util import TESTS_DIR, mpirun_argv, run
 RANKS = 4
 VICTIM = RANKS - 1
 TIMEOUT = 2.0  # the communicators' deadline, seconds
+DUMP_DIR = tempfile.mkdtemp(prefix="zcoll-test-failures-")  # the failing ranks' flight recorders
 _RAISED = re.compile(r"ZCOLL-RAISED rank=(\d+) type=(\S+) t=([\d.]+) missing=\[([\d, ]*)\] lost=\[([\d, ]*)\]")
 
 
@@ -26,7 +28,7 @@ def _ranks(text: str) -> list:
 def lose_rank(*args: str, launcher: tuple = (), env: dict = None, timeout: float = 120) -> dict:
     """Runs lose_rank.py; returns what each rank said, the victim's time, the exit status."""
     argv = mpirun_argv(RANKS, *launcher, sys.executable, TESTS_DIR / "mpi" / "lose_rank.py", *args)
-    rc, out = run(argv, env=env, timeout=timeout)
+    rc, out = run(argv, env={"ZCOLL_DUMP_DIR": DUMP_DIR, **(env or {})}, timeout=timeout)
     raised = {int(m[1]): (m[2], float(m[3]), _ranks(m[4]), _ranks(m[5])) for m in _RAISED.finditer(out)}
     messages = dict((int(r), m) for r, m in re.findall(r"ZCOLL-MESSAGE rank=(\d+) (.*)", out))
     victim = re.search(r"ZCOLL-VICTIM rank=(\d+) signal=\S+ t=([\d.]+)", out)

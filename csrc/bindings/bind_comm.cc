@@ -5,9 +5,16 @@
 // communicator, since collection happens in a different order on every rank. Python's atexit
 // handler (communicator.py) frees the live ones before MPI_Finalize.
 #include <mpi.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include "bindings.h"
 #include "bindings/enums.h"
+#include "comm/dump.h"
 
 namespace py = pybind11;
 
@@ -45,6 +52,9 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
       .def_property_readonly("size", [](CommHandle& c) { return c.comm().size(); })
       .def_property_readonly("local_size", [](CommHandle& c) { return c.comm().local_size(); })
       .def_property_readonly("freed", &CommHandle::freed)
+      .def_property_readonly(
+          "id", [](CommHandle& c) { return c.comm().id(); },
+          "Names this communicator alike on every rank (flight-recorder dump files carry it).")
       .def_property_readonly(
           "wait_policy",
           [](CommHandle& c) { return c.comm().wait_policy() == WaitPolicy::kYield ? "yield" : "spin"; },
@@ -89,6 +99,29 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           },
           "Bytes and messages this rank sent through zcoll, and the number of collectives.")
       .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
+  cls.def(
+      "dump", [](CommHandle& c, const std::string& reason) { return dump_communicator(c.comm(), reason); },
+      py::arg("reason") = "zcoll.Communicator.dump()",
+      "Writes this communicator's flight recorder to a JSON file; returns its path ('' when the recorder is off).");
+  m.def("dump_all", &dump_all, py::arg("reason") = "zcoll.dump()", py::call_guard<py::gil_scoped_release>(),
+        "Writes the flight recorder of every live communicator of this process; returns the paths.");
+  m.def("dump_directory", &dump_directory, "Where flight-recorder dumps go (ZCOLL_DUMP_DIR).");
+  m.def(
+      "exit_if_stuck",
+      [](double seconds, int status) {
+        std::thread([seconds, status] {
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+          std::fprintf(stderr,
+                       "zcoll: this process did not end within %g s of exiting with a broken communicator "
+                       "(MPI_Finalize waiting for a lost rank?): exiting with status %d\n",
+                       seconds, status);
+          std::fflush(stderr);
+          _exit(status);
+        }).detach();
+      },
+      py::arg("seconds"), py::arg("status"),
+      "Ends the process with `status` unless it has ended by itself within `seconds` (a C++ thread, "
+      "alive while Python finalizes).");
   m.def("broken_count", &Watchdog::broken_count,
         "Communicators of this process that a failure (zcoll.TimeoutError) broke so far.");
   m.def("mpi_initialized", [] {

@@ -120,17 +120,31 @@ struct ScheduleBase {
   void on_received(std::size_t, const Slots&) {}
 };
 
-// Every message of every schedule passes here: the one place that sees peer, bytes and tag.
+// Every message of every schedule passes here: the one place that sees peer, bytes and tag, and
+// reports each message to the flight recorder (comm/flight_recorder.h). Waits end at the call's
+// deadline inside the transport (comm/watchdog.h).
 class Channel {
  public:
   Channel(Communicator& comm, int tag) : comm_(comm), tag_(tag) {}
-  Request send(const Transfer& t) { return comm_.isend(t.buf, t.bytes, t.peer, tag_); }
-  Request recv(void* buf, const Transfer& t) { return comm_.irecv(buf, t.bytes, t.peer, tag_); }
-  void complete(Request& r) { comm_.wait(r); }
+  Request send(const Transfer& t) { return posted(comm_.isend(t.buf, t.bytes, t.peer, tag_), t.bytes, true); }
+  Request recv(void* buf, const Transfer& t) { return posted(comm_.irecv(buf, t.bytes, t.peer, tag_), t.bytes, false); }
+  void complete(Request& r) {
+    if (!r.active) return;
+    comm_.recorder().waiting_for(r.peer);
+    comm_.wait(r);
+    comm_.recorder().completed(r.peer, r.bytes, r.send);
+  }
   void cancel(Request& r) noexcept { comm_.cancel(r); }
   Communicator& comm() { return comm_; }
 
  private:
+  Request posted(Request r, std::size_t bytes, bool send) {
+    r.bytes = bytes;
+    r.send = send;
+    comm_.recorder().posted(r.peer, bytes, send);
+    return r;
+  }
+
   Communicator& comm_;
   int tag_;
 };

@@ -8,18 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/shared_arena.h"
 #include "comm/watchdog.h"
 #include "common/dtype.h"
 
 namespace zcoll {
 
-// An in-flight send or receive. The transport owns the meaning of `handle`; `peer` is the rank
-// on the other end (what a wait that fails names).
+// An in-flight send or receive. The transport owns the meaning of `handle` and sets `peer`, the
+// rank on the other end (what a wait that fails names); the engine's Channel sets `bytes` and
+// `send` for its records.
 struct Request {
   std::uint64_t handle = 0;
+  std::uint64_t bytes = 0;
   int peer = -1;
   bool active = false;
+  bool send = false;
 };
 
 // The communicator's reusable scratch areas, one per purpose, so that an algorithm calling
@@ -46,8 +50,8 @@ struct CommStats {
 
 class Communicator {
  public:
-  Communicator() : watchdog_(*this) {}
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -95,6 +99,14 @@ class Communicator {
   virtual bool next_announcement(PeerStatus& status) = 0;
   virtual void transport_check() {}
   Watchdog& watchdog() { return watchdog_; }
+  const Watchdog& watchdog() const { return watchdog_; }
+  FlightRecorder& recorder() { return recorder_; }
+  const FlightRecorder& recorder() const { return recorder_; }
+  // Names the communicator the same on every rank (set by the transport at creation), for
+  // flight-recorder dumps (comm/dump.h); "" until then.
+  const std::string& id() const { return id_; }
+  int id_rank() const { return id_rank_; }
+  int id_size() const { return id_size_; }
 
   // A reusable scratch area of at least `bytes`, owned by the communicator (grown, never shrunk).
   void* scratch(std::size_t bytes, Scratch purpose);
@@ -102,11 +114,18 @@ class Communicator {
   CommStats& stats() { return stats_; }
 
  protected:
+  // The transport's constructor, once rank and size are known: the id every rank agreed on.
+  // Registers the communicator for zcoll.dump() and SIGUSR1 (comm/dump.h).
+  void set_identity(const std::string& id, int rank, int size);
+
   CommStats stats_;
   Watchdog watchdog_;
+  FlightRecorder recorder_;
 
  private:
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];
+  std::string id_;
+  int id_rank_ = 0, id_size_ = 1;
 };
 
 }  // namespace zcoll

@@ -88,6 +88,7 @@ std::string what_of(const std::exception_ptr& e) {
 
 InProcCommunicator::InProcCommunicator(InProcGroup& group, int rank) : group_(group), rank_(rank) {
   watchdog_.set_timeout(group.options().timeout_seconds);
+  set_identity(concat("inproc-", group.id()), rank, group.size());
 }
 InProcCommunicator::~InProcCommunicator() = default;
 
@@ -109,7 +110,10 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
   op.tag = tag;
   op.buf = buf;
   op.bytes = bytes;
-  const Request request{handle, peer, true};
+  Request request;
+  request.handle = handle;
+  request.peer = peer;
+  request.active = true;
   InProcMailbox& box = group_.mailbox(op.dst);
   {
     std::lock_guard<std::mutex> lock(box.mu);
@@ -302,7 +306,10 @@ std::string InProcCommunicator::waiting_for() const {
 // ---- InProcGroup ----------------------------------------------------------------------------
 
 InProcGroup::InProcGroup(int size, const InProcOptions& options) : options_(options) {
+  static std::atomic<int> groups{0};
+  id_ = ++groups;
   ZCOLL_REQUIRE(size >= 1, "an in-process group needs at least one rank, not ", size);
+  size_ = size;
   cpus_ = options.cpus > 0 ? options.cpus : process_cpus();
   arena_regions_.assign(static_cast<std::size_t>(size), nullptr);
   lost_.assign(static_cast<std::size_t>(size), false);

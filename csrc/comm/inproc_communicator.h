@@ -140,7 +140,8 @@ class InProcGroup {
   InProcGroup(const InProcGroup&) = delete;
   InProcGroup& operator=(const InProcGroup&) = delete;
 
-  int size() const { return static_cast<int>(comms_.size()); }
+  int size() const { return size_; }
+  int id() const { return id_; }  // numbers the groups of the process
   InProcCommunicator& comm(int rank) { return *comms_.at(static_cast<std::size_t>(rank)); }
   const InProcOptions& options() const { return options_; }
 
@@ -162,6 +163,8 @@ class InProcGroup {
   [[noreturn]] void throw_aborted() const;
 
   InProcOptions options_;
+  int size_ = 0;
+  int id_ = 0;
   int cpus_ = 1;
   std::vector<std::unique_ptr<detail::InProcMailbox>> mailboxes_;
   std::vector<std::unique_ptr<InProcCommunicator>> comms_;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
@@ -83,6 +84,14 @@ ProcessState process_state(std::int64_t pid) {
   if (state == 'Z' || state == 'X') return ProcessState::kGone;
   if (state == 'T' || state == 't') return ProcessState::kStopped;
   return ProcessState::kRunning;
+}
+
+Request active_request(std::uint64_t handle, int peer) {
+  Request request;
+  request.handle = handle;
+  request.peer = peer;
+  request.active = true;
+  return request;
 }
 
 int to_int_count(std::size_t bytes) {
@@ -187,13 +196,17 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   // Failure detection (the watchdog): an announcement channel and every rank's pid and machine.
   ZCOLL_MPI_CHECK(MPI_Comm_dup(comm_, &oob_));
   ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(oob_, MPI_ERRORS_RETURN));
-  const std::int64_t mine[2] = {static_cast<std::int64_t>(getpid()), static_cast<std::int64_t>(machine_identity())};
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
-  ZCOLL_MPI_CHECK(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm_));
+  // The third number names the communicator alike on every rank (rank 0's creation count).
+  static std::atomic<std::int64_t> created{0};
+  const std::int64_t mine[3] = {static_cast<std::int64_t>(getpid()), static_cast<std::int64_t>(machine_identity()),
+                                ++created};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size_));
+  ZCOLL_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, comm_));
   for (int r = 0; r < size_; ++r) {
-    pids_.push_back(all[2 * r]);
-    machine_.push_back(static_cast<std::uint64_t>(all[2 * r + 1]));
+    pids_.push_back(all[3 * r]);
+    machine_.push_back(static_cast<std::uint64_t>(all[3 * r + 1]));
   }
+  set_identity(detail::concat(std::hex, machine_[0] & 0xfffff, std::dec, "-", pids_[0], "-", all[2]), rank_, size_);
 }
 
 // Never calls MPI: freeing a window or a communicator is collective, and destruction order
@@ -205,12 +218,17 @@ void MpiCommunicator::free() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
+  // A peer's failure announcement breaks the communicator for every rank, even one that has not
+  // waited since: the collective frees below would wait for ranks that may be gone.
+  int announced = 0;
+  MPI_Status st;
+  if (!finalized && oob_ != MPI_COMM_NULL) MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &announced, &st);
   MPI_Win window = arena_window_;
   MPI_Comm comm = comm_, oob = oob_;
   arena_window_ = MPI_WIN_NULL;
   arena_.regions.clear();
   comm_ = oob_ = MPI_COMM_NULL;
-  if (finalized || watchdog_.broken()) return;
+  if (finalized || watchdog_.broken() || announced) return;
   if (window != MPI_WIN_NULL) ZCOLL_MPI_CHECK(MPI_Win_free(&window));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&oob));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
@@ -254,13 +272,13 @@ Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int
   ZCOLL_MPI_CHECK(MPI_Isend(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
   stats_.bytes_sent += bytes;
   stats_.messages_sent += 1;
-  return Request{to_handle(r), peer, true};
+  return active_request(to_handle(r), peer);
 }
 
 Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
   ZCOLL_MPI_CHECK(MPI_Irecv(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
-  return Request{to_handle(r), peer, true};
+  return active_request(to_handle(r), peer);
 }
 
 void MpiCommunicator::check_wait(int rc, int peer) {

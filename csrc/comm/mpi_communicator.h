@@ -58,7 +58,8 @@ class MpiCommunicator final : public Communicator {
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
   // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
   // communicator it releases nothing through MPI (the peers it would synchronise with may be
-  // gone): the MPI objects are left to MPI_Finalize or the end of the process.
+  // gone), nor on one for which another rank announced a failure: the MPI objects are left to
+  // MPI_Finalize or the end of the process.
   void free();
 
  private:

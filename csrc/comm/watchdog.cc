@@ -78,7 +78,8 @@ Watchdog::Watchdog(Communicator& comm) : comm_(comm) {
 
 void Watchdog::set_timeout(double seconds) {
   ZCOLL_REQUIRE(seconds == seconds, "timeout must be a number of seconds, not NaN");
-  timeout_ns_ = seconds > 0 && seconds < 1e9 ? static_cast<std::int64_t>(seconds * 1e9) : kNever;
+  timeout_ns_.store(seconds > 0 && seconds < 1e9 ? static_cast<std::int64_t>(seconds * 1e9) : kNever,
+                    std::memory_order_relaxed);
 }
 
 std::uint64_t Watchdog::begin_call(const char* name, std::size_t bytes) {
@@ -97,13 +98,15 @@ void Watchdog::end_call() {
   if (depth_ > 0) --depth_;
 }
 
-void Watchdog::check(int) {
+void Watchdog::check(int peer) {
   if (!enabled_) return;
   comm_.transport_check();
+  if (peer >= 0) comm_.recorder().waiting_for(peer);  // (the engine's Channel sets it for messages)
   const std::int64_t now = coarse_ns();
   if (started_ns_ == 0 && depth_ > 0) {
     started_ns_ = now;
-    deadline_ns_ = timeout_ns_ == kNever ? kNever : now + timeout_ns_;
+    const std::int64_t timeout = timeout_ns_.load(std::memory_order_relaxed);
+    deadline_ns_ = timeout == kNever ? kNever : now + timeout;
   }
   if (abort_requested_.load(std::memory_order_relaxed)) fail(FailureReason::kAborted, -1, "", nullptr);
   if (now >= deadline_ns_) fail(FailureReason::kTimeout, -1, "", nullptr);

@@ -78,7 +78,10 @@ class Watchdog {
   // Seconds from the start of a collective until it fails; <= 0: no deadline (liveness and
   // announcements are still checked). Default: ZCOLL_TIMEOUT.
   void set_timeout(double seconds);
-  double timeout() const { return timeout_ns_ == kNever ? 0.0 : static_cast<double>(timeout_ns_) / 1e9; }
+  double timeout() const {
+    const std::int64_t t = timeout_ns_.load(std::memory_order_relaxed);
+    return t == kNever ? 0.0 : static_cast<double>(t) / 1e9;
+  }
   // Off: waits poll exactly as without a watchdog (no deadline, no liveness, no announcements).
   void set_enabled(bool on) { enabled_ = on; }
   bool enabled() const { return enabled_; }
@@ -132,7 +135,7 @@ class Watchdog {
 
   Communicator& comm_;
   bool enabled_ = true;
-  std::int64_t timeout_ns_ = kNever;
+  std::atomic<std::int64_t> timeout_ns_{kNever};  // read by dumps on other threads
   unsigned polls_ = 0;
   // The current call.
   int depth_ = 0;

@@ -25,20 +25,20 @@ ALGORITHMS = tuple(_C.Algorithm.__members__)
 # collected unfreed only warns and leaks its MPI communicator (csrc/bindings/bind_comm.cc).
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
-# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError): 75,
-# EX_TEMPFAIL ("temporary failure, try again"), for launchers that restart such jobs. The
-# process then ends through MPI_Abort, which takes the whole job down: MPI_Finalize would wait
-# for the ranks that were lost. Every rank that raised also printed one line on stderr:
-#     ZCOLL-FAILURE rank=R size=P kind=timeout|rank_lost|peer_failed|aborted|transport ...
+# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError) and
+# that then does not end by itself within FAILURE_EXIT_SECONDS of exiting: 75, EX_TEMPFAIL
+# ("temporary failure, try again"), for launchers that restart such jobs. MPI_Finalize waits for
+# every rank, so with a rank stopped or dead it would wait forever; with every rank alive it
+# returns and the process ends with its own status. Every rank that raised also printed one line
+# on stderr:  ZCOLL-FAILURE rank=R size=P kind=timeout|rank_lost|peer_failed|aborted|transport ...
 FAILURE_EXIT_STATUS = 75
+FAILURE_EXIT_SECONDS = 5.0
 
 
 @atexit.register
 def _free_all() -> None:
     if _C.broken_count():
-        from mpi4py.run import set_abort_status
-
-        set_abort_status(FAILURE_EXIT_STATUS)  # MPI_Abort at exit instead of MPI_Finalize
+        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS)
     for c in list(_live):
         c.free()
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -225,4 +226,47 @@ TEST(watchdog, completed_calls_are_numbered_alike_and_leave_nothing_broken) {
     seq[static_cast<std::size_t>(comm.rank())] = comm.watchdog().seq();
   });
   for (int r = 0; r < p; ++r) CHECK_EQ(seq[static_cast<std::size_t>(r)], std::uint64_t{20});
+}
+
+// The flight recorder keeps the last calls with their sequence numbers, states and per-peer
+// bytes, and a failing call's dump is named in the error.
+TEST(watchdog, flight_recorder_records_calls_and_the_failure_dumps_them) {
+  constexpr int p = 3;
+  std::vector<std::string> json(p), dump_path(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = kTimeout;
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<float> x(300, 1.0f);
+    for (int i = 0; i < 3; ++i) allreduce_with(comm, Algorithm::kRing, x);
+    json[static_cast<std::size_t>(r)] = comm.recorder().json_calls();
+    if (r == p - 1) return;  // never comes to call #4
+    const Outcome o = attempt([&] { allreduce_with(comm, Algorithm::kRing, x); });
+    dump_path[static_cast<std::size_t>(r)] = o.info.dump_path;
+  });
+  for (int r = 0; r < p; ++r) {
+    ztest::Context c(ztest::str("rank ", r));
+    const std::string& j = json[static_cast<std::size_t>(r)];
+    CHECK(contains(j, "\"seq\": 3, \"collective\": \"allreduce\", \"algorithm\": \"ring\""));
+    CHECK(contains(j, "\"state\": \"done\""));
+    // ring: 2(p-1) steps of 100 floats to the next rank and from the previous one
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    CHECK(contains(j, ztest::str("{\"rank\": ", next, ", \"sent\": [1600, 1600], \"received\": [0, 0]}")));
+    CHECK(contains(j, ztest::str("{\"rank\": ", prev, ", \"sent\": [0, 0], \"received\": [1600, 1600]}")));
+  }
+  for (int r = 0; r < p - 1; ++r) {
+    ztest::Context c(ztest::str("rank ", r));
+    const std::string& path = dump_path[static_cast<std::size_t>(r)];
+    CHECK(contains(path, ztest::str("-rank", r, ".json")));
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    CHECK(f != nullptr);
+    if (!f) continue;
+    std::string text(1 << 16, '\0');
+    text.resize(std::fread(text.data(), 1, text.size(), f));
+    std::fclose(f);
+    CHECK(contains(text, "\"format\": \"zcoll-flight-recorder\""));
+    CHECK(contains(text, "\"seq\": 4, \"collective\": \"allreduce\""));
+    CHECK(contains(text, "\"state\": \"in_progress\""));
+    std::remove(path.c_str());
+  }
 }
