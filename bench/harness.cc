@@ -47,21 +47,25 @@ struct Args {
 // switched off for its calls only, interleaved with the row itself (measure_row), so one run
 // measures the feature's cost on a quiet and a noisy machine alike.
 //   deadlines: the watchdog (comm/watchdog.h): deadlines, liveness checks, MPI_Iallreduce
-const std::vector<std::string> kToggles = {"deadlines"};
+//   telemetry: the link telemetry (comm/telemetry.h): a clock read per message and per call
+//   recorder:  the flight recorder (comm/flight_recorder.h)
+const std::vector<std::string> kToggles = {"deadlines", "telemetry", "recorder"};
 
 // Switches a feature off while alive ("" : nothing).
 class FeatureOff {
  public:
-  FeatureOff(MpiCommunicator& comm, const std::string& feature) : comm_(comm), feature_(feature) {
-    if (feature_ == "deadlines") comm_.watchdog().set_enabled(false);
-  }
-  ~FeatureOff() {
-    if (feature_ == "deadlines") comm_.watchdog().set_enabled(true);
-  }
+  FeatureOff(MpiCommunicator& comm, const std::string& feature) : comm_(comm), feature_(feature) { set(false); }
+  ~FeatureOff() { set(true); }
   FeatureOff(const FeatureOff&) = delete;
   FeatureOff& operator=(const FeatureOff&) = delete;
 
  private:
+  void set(bool on) {
+    if (feature_ == "deadlines") comm_.watchdog().set_enabled(on);
+    if (feature_ == "telemetry") comm_.telemetry().set_enabled(on);
+    if (feature_ == "recorder") comm_.recorder().set_enabled(on);
+  }
+
   MpiCommunicator& comm_;
   std::string feature_;
 };
@@ -100,7 +104,8 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "  -t SECONDS stop timing a row after this long, keeping the iterations done (default 30);\n"
       "             the iters column shows how many were timed\n"
       "  --off FEATURE  also measure every row with FEATURE of zcoll switched off, interleaved\n"
-      "             with the row itself (rows named ROW/-FEATURE; repeatable): deadlines\n"
+      "             with the row itself (rows named ROW/-FEATURE; repeatable): deadlines,\n"
+      "             telemetry, recorder. E.g. the telemetry's cost: -a ring -b 4K -e 64M --off telemetry\n"
       "  --csv FILE also write the table as CSV (rank 0)\n"
       "  -h, --help this text\n\n"
       "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"

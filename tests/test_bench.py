@@ -66,9 +66,12 @@ def test_checked_run_options(name, flags):
 
 
 def test_feature_off_twin_rows():
-    """--off deadlines: every row has a twin run with the watchdog off, interleaved, both checked."""
-    rows = run_bench("allreduce", 2, "-a", "ring,shm,mpi", "--off", "deadlines")
-    assert {r.algorithm for r in rows} == {"ring", "shm", "ring/-deadlines", "shm/-deadlines", "mpi"}
+    """--off FEATURE: every row has a twin run with the feature off, interleaved, both checked."""
+    rows = run_bench("allreduce", 2, "-a", "ring,shm,mpi", "--off", "deadlines", "--off", "telemetry",
+                     "--off", "recorder")
+    assert {r.algorithm for r in rows} == {
+        "ring", "shm", "mpi", *(f"{a}/-{f}" for a in ("ring", "shm") for f in ("deadlines", "telemetry", "recorder"))
+    }
     rc, out = run([binary("allreduce"), "--off", "coffee"])
     assert rc != 0 and "unknown feature 'coffee' for --off" in out, out
 

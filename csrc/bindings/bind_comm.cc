@@ -5,6 +5,7 @@
 // communicator, since collection happens in a different order on every rank. Python's atexit
 // handler (communicator.py) frees the live ones before MPI_Finalize.
 #include <mpi.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "bindings.h"
 #include "bindings/enums.h"
+#include "collectives/link_stats.h"
 #include "comm/dump.h"
 
 namespace py = pybind11;
@@ -99,6 +101,26 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           },
           "Bytes and messages this rank sent through zcoll, and the number of collectives.")
       .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
+  cls.def_property(
+         "telemetry", [](CommHandle& c) { return c.comm().telemetry().enabled(); },
+         [](CommHandle& c, bool on) { c.comm().telemetry().set_enabled(on); },
+         "Whether messages and collectives are timed for link_stats() (default ZCOLL_TELEMETRY, on).")
+      .def(
+          "_link_stats_rows",
+          [](CommHandle& c, bool reset) {
+            MpiCommunicator& comm = c.comm();
+            std::vector<std::int64_t> rows;
+            {
+              py::gil_scoped_release release;
+              rows = gather_link_stats(comm, reset);
+            }
+            const auto p = static_cast<py::ssize_t>(comm.size());
+            py::array_t<std::int64_t> out({p, static_cast<py::ssize_t>(link_stats_row_length(comm.size()))});
+            std::copy(rows.begin(), rows.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("reset") = false,
+          "Collective: every rank's raw telemetry row (collectives/link_stats.h); see link_stats().");
   cls.def(
       "dump", [](CommHandle& c, const std::string& reason) { return dump_communicator(c.comm(), reason); },
       py::arg("reason") = "zcoll.Communicator.dump()",

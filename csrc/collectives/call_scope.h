@@ -4,7 +4,8 @@
 //   1. throws BrokenError at once when an earlier failure broke the communicator;
 //   2. numbers the call (the same sequence number on every rank) and starts its deadline
 //      (comm/watchdog.h);
-//   3. opens the call's flight-recorder record (comm/flight_recorder.h);
+//   3. opens the call's flight-recorder record (comm/flight_recorder.h) and notes its arrival
+//      time for the link telemetry (comm/telemetry.h);
 //   4. ends both when it leaves: done, or failed when an exception leaves the call.
 // A collective that runs another (the compressed allreduce without compression) is one call.
 #pragma once
@@ -43,9 +44,13 @@ class CallScope {
     d.bytes = bytes;
     d.root = info.root;
     comm.recorder().begin(d);
+    comm.telemetry().arrived();
   }
   ~CallScope() {
-    if (outermost_) comm_.recorder().end(std::uncaught_exceptions() > exceptions_);
+    if (outermost_) {
+      comm_.recorder().end(std::uncaught_exceptions() > exceptions_);
+      comm_.telemetry().left();
+    }
     comm_.watchdog().end_call();
   }
   CallScope(const CallScope&) = delete;

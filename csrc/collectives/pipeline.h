@@ -82,6 +82,7 @@ enum Tag : int {
   kTagCheck,                    // the check-mode header exchange (check_args.cc)
   kTagSparsePairs,              // top-k (index, value) blocks
   kTagCompressedRing,           // compressed ring payloads
+  kTagClock,                    // link_stats' clock-offset ping-pong (link_stats.cc)
 };
 
 // Up to two peers per unit: what a binary tree needs (two children); every other schedule uses one.
@@ -121,7 +122,8 @@ struct ScheduleBase {
 };
 
 // Every message of every schedule passes here: the one place that sees peer, bytes and tag, and
-// reports each message to the flight recorder (comm/flight_recorder.h). Waits end at the call's
+// reports each message to the flight recorder (comm/flight_recorder.h) and the link telemetry
+// (comm/telemetry.h: sends when posted, receives when complete). Waits end at the call's
 // deadline inside the transport (comm/watchdog.h).
 class Channel {
  public:
@@ -133,6 +135,7 @@ class Channel {
     comm_.recorder().waiting_for(r.peer);
     comm_.wait(r);
     comm_.recorder().completed(r.peer, r.bytes, r.send);
+    if (!r.send) comm_.telemetry().received(r.peer, r.bytes);
   }
   void cancel(Request& r) noexcept { comm_.cancel(r); }
   Communicator& comm() { return comm_; }
@@ -142,6 +145,7 @@ class Channel {
     r.bytes = bytes;
     r.send = send;
     comm_.recorder().posted(r.peer, bytes, send);
+    if (send) comm_.telemetry().sent(r.peer, bytes);
     return r;
   }
 

@@ -8,7 +8,9 @@
 namespace zcoll {
 
 Communicator::Communicator()
-    : watchdog_(*this), recorder_(static_cast<std::size_t>(env::get_int(env::Var::kFlightRecorder))) {
+    : watchdog_(*this),
+      recorder_(static_cast<std::size_t>(env::get_int(env::Var::kFlightRecorder))),
+      telemetry_(env::get_bool(env::Var::kTelemetry)) {
   watchdog_.on_failure = [this](const std::string& what) { return dump_communicator(*this, what); };
 }
 
@@ -19,6 +21,7 @@ void Communicator::set_identity(const std::string& id, int rank, int size) {
   id_ = id;
   id_rank_ = rank;
   id_size_ = size;
+  telemetry_.resize(size);
   detail::register_for_dumps(this);
 }
 

@@ -10,6 +10,7 @@
 
 #include "comm/flight_recorder.h"
 #include "comm/shared_arena.h"
+#include "comm/telemetry.h"
 #include "comm/watchdog.h"
 #include "common/dtype.h"
 
@@ -98,10 +99,14 @@ class Communicator {
   virtual void announce(const PeerStatus& status) = 0;
   virtual bool next_announcement(PeerStatus& status) = 0;
   virtual void transport_check() {}
+  // True when the peer reads the same CLOCK_MONOTONIC as this rank (one machine): link
+  // telemetry then compares their times directly; otherwise it measures the offset first.
+  virtual bool shares_clock(int) const { return true; }
   Watchdog& watchdog() { return watchdog_; }
   const Watchdog& watchdog() const { return watchdog_; }
   FlightRecorder& recorder() { return recorder_; }
   const FlightRecorder& recorder() const { return recorder_; }
+  LinkTelemetry& telemetry() { return telemetry_; }
   // Names the communicator the same on every rank (set by the transport at creation), for
   // flight-recorder dumps (comm/dump.h); "" until then.
   const std::string& id() const { return id_; }
@@ -121,6 +126,7 @@ class Communicator {
   CommStats stats_;
   Watchdog watchdog_;
   FlightRecorder recorder_;
+  LinkTelemetry telemetry_;
 
  private:
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];

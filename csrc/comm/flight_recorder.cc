@@ -40,7 +40,7 @@ void append(std::string& out, const char* fmt, ...) {
 FlightRecorder::FlightRecorder(std::size_t capacity) : records_(capacity) {}
 
 void FlightRecorder::begin(const CallDescription& call) {
-  if (records_.empty()) return;
+  if (records_.empty() || !enabled_) return;
   const std::uint64_t n = calls_.load(std::memory_order_relaxed);
   Record& r = records_[n % records_.size()];
   r.version.add(1);  // odd: being rewritten

@@ -60,6 +60,8 @@ class FlightRecorder {
 
   explicit FlightRecorder(std::size_t capacity);
   std::size_t capacity() const { return records_.size(); }
+  // Off: calls are not recorded (for the benchmark's on/off comparison; capacity 0 is off too).
+  void set_enabled(bool on) { enabled_ = on; }
 
   // A call starts / ends (state done, or failed when `failed`).
   void begin(const CallDescription& call);
@@ -100,6 +102,7 @@ class FlightRecorder {
   std::vector<Record> records_;
   std::atomic<std::uint64_t> calls_{0};  // records begun so far (the next one is calls_ % capacity)
   Record* current_ = nullptr;
+  bool enabled_ = true;
 };
 
 }  // namespace zcoll

@@ -51,6 +51,7 @@ class MpiCommunicator final : public Communicator {
   std::string describe_peer(int peer) override;
   void announce(const PeerStatus& status) override;
   bool next_announcement(PeerStatus& status) override;
+  bool shares_clock(int peer) const override { return same_machine(peer); }
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }

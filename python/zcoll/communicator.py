@@ -182,6 +182,30 @@ class Communicator(_C.Comm):
         self._broadcast(x, root)
         return x
 
+    # -- telemetry --------------------------------------------------------------------------
+    def link_stats(self, reset: bool = False) -> Any:
+        """Collective: this communicator's link telemetry since the last reset, gathered to every
+        rank (the same on all): ``bytes``, ``messages``, ``busy`` (seconds in flight), ``latency``
+        and ``gbps`` as p x p numpy arrays (row = sender), ``arrival_delay`` and ``call_seconds``
+        per rank, ``calls``. ``reset=True`` starts a new window afterwards. See zcoll.diagnose;
+        ``telemetry = False`` (or ZCOLL_TELEMETRY=0) stops the timing."""
+        from .diagnose import from_rows
+
+        return from_rows(self._link_stats_rows(reset))
+
+    def diagnose(self, nodes: Any = None, reset: bool = True) -> Any:
+        """Collective: the verdict on the window since the last reset (healthy, slow rank k, slow
+        link i->j, slow node k) with its evidence, through this communicator's Diagnoser, which
+        keeps a label only once two consecutive windows agree and logs one warning line
+        (logger "zcoll", on rank 0) when it changes. Call it every few collectives (e.g. every 5
+        steps).
+        nodes[r]: rank r's node (default: each rank its own)."""
+        from .diagnose import Diagnoser
+
+        if getattr(self, "_diagnoser", None) is None or (nodes is not None and self._diagnoser.nodes != list(nodes)):
+            self._diagnoser = Diagnoser(None if nodes is None else list(nodes), quiet=self.rank != 0)
+        return self._diagnoser.update(self.link_stats(reset=reset))
+
     def reduce(self, x: Any, root: int = 0, op: str = "sum", out: Any = None) -> Any:
         """Reduces x over all ranks onto `root`. Returns the result on root, None elsewhere
         (where `out` is not touched, but checked when given)."""

@@ -1,4 +1,5 @@
-// The watchdog (comm/watchdog.h) over the in-process transport: a rank that never arrives is
+// The watchdog (comm/watchdog.h), the flight recorder and the link telemetry over the in-process
+// transport. The watchdog: a rank that never arrives is
 // named by every other rank once the deadline passes, in every algorithm's waits (messages and
 // shared-memory flags); a rank whose process is gone is named without waiting for a deadline;
 // an abort from another thread fails the call everywhere; afterwards the communicator is broken.
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/link_stats.h"
 #include "collectives/options.h"
 #include "comm/inproc_communicator.h"
 #include "common/error.h"
@@ -268,5 +270,43 @@ TEST(watchdog, flight_recorder_records_calls_and_the_failure_dumps_them) {
     CHECK(contains(text, "\"seq\": 4, \"collective\": \"allreduce\""));
     CHECK(contains(text, "\"state\": \"in_progress\""));
     std::remove(path.c_str());
+  }
+}
+
+// Link telemetry: every message of a ring allreduce counted on both ends, sends and receives
+// matched per link, arrivals counted per call; link_stats gathers every rank's row to every rank.
+TEST(watchdog, telemetry_counts_every_message_on_both_ends) {
+  constexpr int p = 4;
+  constexpr int kCalls = 5;
+  std::vector<std::vector<std::int64_t>> rows(p);
+  ON_RANKS(p, ztest::test_options(), [&](Communicator& comm) {
+    comm.telemetry().set_enabled(true);
+    comm.telemetry().reset();
+    std::vector<float> x(400, 1.0f);
+    for (int i = 0; i < kCalls; ++i) allreduce_with(comm, Algorithm::kRing, x);
+    rows[static_cast<std::size_t>(comm.rank())] = zcoll::gather_link_stats(comm, /*reset=*/true);
+    const auto empty = zcoll::gather_link_stats(comm, false);  // nothing since the reset
+    CHECK_EQ(empty[1], std::int64_t{0});
+  });
+  const std::size_t n = zcoll::link_stats_row_length(p);
+  const std::size_t head = zcoll::LinkTelemetry::kHead + p, per = zcoll::LinkTelemetry::kPerPeer;
+  for (int r = 0; r < p; ++r) {
+    ztest::Context c(ztest::str("rank ", r));
+    CHECK(rows[static_cast<std::size_t>(r)] == rows[0]);  // gathered alike everywhere
+  }
+  const std::vector<std::int64_t>& all = rows[0];
+  CHECK_EQ(all.size(), n * p);
+  const std::int64_t bytes = kCalls * 2 * (p - 1) * 100 * 4;  // 2(p-1) steps of 100 floats
+  for (int i = 0; i < p; ++i) {
+    ztest::Context c(ztest::str("row ", i));
+    const std::int64_t* row = &all[static_cast<std::size_t>(i) * n];
+    CHECK_EQ(row[1], std::int64_t{kCalls});
+    for (int j = 0; j < p; ++j) {
+      const std::int64_t* to = row + head + static_cast<std::size_t>(j) * per;
+      const std::int64_t* back = &all[static_cast<std::size_t>(j) * n] + head + static_cast<std::size_t>(i) * per;
+      CHECK_EQ(to[0], j == (i + 1) % p ? bytes : 0);  // sent to the next rank only
+      CHECK_EQ(to[1], back[4]);                       // i's sends to j = j's receives from i
+      CHECK_EQ(to[0], back[3]);
+    }
   }
 }
