@@ -113,7 +113,7 @@ def test_too_few_calls_say_nothing():
 
 
 def test_hysteresis_and_one_log_line(caplog):
-    d = Diagnoser(confirm=2)
+    d = Diagnoser(confirm=2, memory=0)
     caplog.set_level(logging.WARNING, logger="zcoll")
     assert d.update(window()).label == "healthy"
     slow = window(per_byte=slowed([(0, 1)]))
@@ -125,6 +125,14 @@ def test_hysteresis_and_one_log_line(caplog):
     changes = [r for r in caplog.records if "link diagnosis changed" in r.getMessage()]
     assert len(changes) == 1 and "slow link 0->1" in changes[0].getMessage()
     assert d.update(window()).label == "slow link" and d.update(window()).label == "healthy"
+
+
+def test_blended_windows_keep_the_evidence():
+    """One noisy window does not flip a label the earlier windows support (memory 0.5)."""
+    d = Diagnoser(confirm=1, memory=0.5)
+    slow = window(per_byte=slowed([(2, 3)], 6.0))
+    assert d.update(slow).label == "slow link"
+    assert d.update(window(seed=5)).label == "slow link"  # blended: 6x at weight 1/2 still stands out
 
 
 @pytest.mark.parametrize("trial", range(200))

@@ -34,6 +34,7 @@
 #include <cstddef>
 
 #include "collectives/options.h"
+#include "comm/backoff.h"
 #include "comm/communicator.h"
 #include "common/check.h"
 
@@ -134,13 +135,36 @@ class Channel {
     if (!r.active) return;
     comm_.recorder().waiting_for(r.peer);
     comm_.wait(r);
-    comm_.recorder().completed(r.peer, r.bytes, r.send);
-    if (!r.send) comm_.telemetry().received(r.peer, r.bytes);
+    completed(r);
+  }
+  // Waits for `r`; with the telemetry on, notes the other posted receives `recvs[0..n)` as they
+  // complete meanwhile. A rank held up by one slow link (a send that drains slowly, a receive
+  // that arrives late) would otherwise see its other incoming messages only when it gets back to
+  // them, and their links would look slow too.
+  // Only receives from other peers are watched (one peer's messages complete in order), so a
+  // ring, whose receives all come from one peer, waits in the transport as without telemetry.
+  void complete_watching(Request& r, Request* recvs, std::size_t n) {
+    if (!r.active) return;
+    auto watched = [&](const Request& o) { return &o != &r && o.active && o.peer != r.peer; };
+    if (!comm_.telemetry().enabled() || std::none_of(recvs, recvs + n, watched)) return complete(r);
+    comm_.recorder().waiting_for(r.peer);
+    Backoff backoff(comm_.oversubscribed());
+    while (!comm_.test(r)) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (watched(recvs[i]) && comm_.test(recvs[i])) completed(recvs[i]);
+      backoff.pause();
+      comm_.watchdog().poll(r.peer);
+    }
+    completed(r);
   }
   void cancel(Request& r) noexcept { comm_.cancel(r); }
   Communicator& comm() { return comm_; }
 
  private:
+  void completed(const Request& r) {
+    comm_.recorder().completed(r.peer, r.bytes, r.send);
+    if (!r.send) comm_.telemetry().received(r.peer, r.bytes);
+  }
   Request posted(Request r, std::size_t bytes, bool send) {
     r.bytes = bytes;
     r.send = send;
@@ -185,7 +209,8 @@ void run_pipeline(Communicator& comm, Schedule& schedule, const PipelineOptions&
     }
   };
   auto wait_sends = [&](std::size_t keep) {
-    while (sends_end - sends_begin > keep) channel.complete(sends[sends_begin++ % kMaxSends]);
+    while (sends_end - sends_begin > keep)
+      channel.complete_watching(sends[sends_begin++ % kMaxSends], &recvs[0][0], depth * kMaxPeers);
   };
 
   try {
@@ -200,7 +225,7 @@ void run_pipeline(Communicator& comm, Schedule& schedule, const PipelineOptions&
       }
       if (unit.wait_sends_first) wait_sends(0);
       const std::size_t s = u % depth;
-      for (Request& r : recvs[s]) channel.complete(r);
+      for (Request& r : recvs[s]) channel.complete_watching(r, &recvs[0][0], depth * kMaxPeers);
       schedule.on_received(u, slots[s]);
       post_recvs(u + depth);
     }

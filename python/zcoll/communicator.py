@@ -196,7 +196,7 @@ class Communicator(_C.Comm):
     def diagnose(self, nodes: Any = None, reset: bool = True) -> Any:
         """Collective: the verdict on the window since the last reset (healthy, slow rank k, slow
         link i->j, slow node k) with its evidence, through this communicator's Diagnoser, which
-        keeps a label only once two consecutive windows agree and logs one warning line
+        keeps a label only once three consecutive windows agree and logs one warning line
         (logger "zcoll", on rank 0) when it changes. Call it every few collectives (e.g. every 5
         steps).
         nodes[r]: rank r's node (default: each rank its own)."""

@@ -11,14 +11,16 @@ summed per peer. :func:`link_stats` turns every rank's sums (gathered to every r
 * ``arrival_delay[k]``: how much later than the earliest rank rank k entered collectives, on
   average (seconds); ``call_seconds[k]``: its mean time inside one.
 
-:class:`Diagnoser` classifies a window of stats (:func:`classify`) and keeps a label only when
-``confirm`` consecutive windows agree (hysteresis), logging one warning line when it changes:
+:class:`Diagnoser` classifies each window together with the earlier ones at falling weight
+(:func:`blend`, ``memory`` 0.5 per window) and keeps a label only when ``confirm`` (3) consecutive
+windows agree (hysteresis), logging one warning line when it changes. :func:`classify`:
 
 1. **slow rank k**: k arrives late by more than ``rank_threshold`` x the others' mean time in a
    call (compute, data loading, a busy core). Checked first: the messages sent to a late rank
    wait for it, which would otherwise look like slow links into it.
-2. **slow node k** (all of its links): at least two of node k's outgoing (or incoming) active
-   links are slow, and none of the slow links avoids node k.
+2. **slow node k** (all of its links): each of node k's outgoing (or incoming) active links, at
+   least two, is ``node_threshold`` x slower than the reference of its tier (see 3), and no link
+   slower than ``link_threshold`` avoids node k.
 3. **slow link i->j**: links whose time per byte is ``link_threshold`` x the reference of their
    tier (within a node / across nodes): its lower quartile, which stays a healthy link's even
    when half the tier is slow (one node's links of two nodes); the slowest is named.
@@ -132,7 +134,8 @@ class Verdict:
 class Thresholds:
     rank_threshold: float = 0.3  # arrival delay / the others' mean time in a call
     rank_floor: float = 2e-4  # seconds: arrival delays below this are noise
-    link_threshold: float = 2.0  # time per byte / the tier's median
+    link_threshold: float = 2.0  # time per byte / the tier's lower quartile
+    node_threshold: float = 1.6  # every link of the node at least this slow
     min_calls: int = 3
     min_link_bytes: int = 256 * 1024  # per window
 
@@ -178,33 +181,69 @@ def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresho
     def rate(i: int, j: int) -> str:
         return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
 
+    # a node: every one of its outgoing (or incoming) links slower than node_threshold, and no
+    # link that avoids it slower than link_threshold; the node whose links are slowest wins
+    # (outgoing first: between two nodes, one's slow egress is the other's slow ingress, and
+    # shaping happens on egress)
+    best: Optional[Tuple[float, Any, str, List[Tuple[int, int]]]] = None
     for direction in ("out", "in"):
         for node in sorted(set(nodes), key=str):
             members = {r for r in range(p) if nodes[r] == node}
+            if any((i in members) == (j in members) for i, j in slow):
+                continue  # a slow link that avoids this node (or stays inside it)
             if direction == "out":
                 links = [(i, j) for i in members for j in range(p) if j not in members and active[i, j]]
             else:
                 links = [(i, j) for j in members for i in range(p) if i not in members and active[i, j]]
-            touching = [(i, j) for (i, j) in slow if (i in members) != (j in members)]
-            if len(links) >= 2 and all(l in slow for l in links) and len(touching) == len(slow):
-                return Verdict(
-                    "slow node", rank=min(members), node=node,
-                    evidence=f"all {len(links)} of its {direction}going links are slow: "
-                             + ", ".join(rate(i, j) for i, j in links),
-                    details=details)
+            if len(links) < 2:
+                continue
+            weakest = min(slowness[l] for l in links)
+            if weakest >= t.node_threshold and (best is None or weakest > best[0]):
+                best = (weakest, node, direction, links)
+    if best is not None:
+        _, node, direction, links = best
+        return Verdict(
+            "slow node", rank=min(r for r in range(p) if nodes[r] == node), node=node,
+            evidence=f"all {len(links)} of its {direction}going links are slow: " + ", ".join(rate(i, j) for i, j in links),
+            details=details)
     i, j = max(slow, key=lambda l: slowness[l])
     return Verdict("slow link", link=(i, j), evidence=rate(i, j) + f" than its tier's lower quartile; slow links: "
                    + ", ".join(f"{a}->{b}" for a, b in slow), details=details)
 
 
-class Diagnoser:
-    """Windows of telemetry in, a stable label out: a new label replaces the current one only
-    after `confirm` consecutive windows gave it; each change is logged once (logging, "zcoll")."""
+def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
+    """new plus `memory` x old: sums add (bytes, messages, busy), per-call means are weighted by
+    their calls. A window of a few collectives on a busy machine is noisy; this keeps the last
+    windows' evidence at geometrically falling weight."""
+    if old is None or memory <= 0 or old.ranks != new.ranks:
+        return new
+    w_old, w_new = memory * old.calls, new.calls
+    total = w_old + w_new
 
-    def __init__(self, nodes: Optional[Sequence[Any]] = None, confirm: int = 2,
+    def mean(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (w_old * np.nan_to_num(a) + w_new * np.nan_to_num(b)) / total if total else b
+
+    nbytes = memory * old.bytes + new.bytes
+    messages = memory * old.messages + new.messages
+    busy = memory * np.nan_to_num(old.busy) + np.nan_to_num(new.busy)
+    busy[messages == 0] = np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return LinkStats(int(round(total)), nbytes, messages, busy, busy / messages, nbytes / busy / 1e9,
+                         mean(old.arrival_delay, new.arrival_delay), mean(old.call_seconds, new.call_seconds))
+
+
+class Diagnoser:
+    """Windows of telemetry in, a stable label out. Each window is classified together with the
+    earlier ones at `memory` x the weight per window (blend), and a new label replaces the
+    current one only after `confirm` consecutive windows gave it; each change is logged once
+    (logging, "zcoll")."""
+
+    def __init__(self, nodes: Optional[Sequence[Any]] = None, confirm: int = 3, memory: float = 0.5,
                  thresholds: Thresholds = Thresholds(), name: str = "zcoll", quiet: bool = False):
         self.nodes = nodes
         self.confirm = confirm
+        self.memory = memory
+        self.evidence: Optional[LinkStats] = None
         self.thresholds = thresholds
         self.name = name
         self.quiet = quiet  # no log line (every rank reaches the same verdict; one of them logs)
@@ -214,7 +253,8 @@ class Diagnoser:
         self.history: List[Verdict] = []
 
     def update(self, stats: LinkStats) -> Verdict:
-        verdict = classify(stats, self.nodes, self.thresholds)
+        self.evidence = blend(self.evidence, stats, self.memory)
+        verdict = classify(self.evidence, self.nodes, self.thresholds)
         self.history.append(verdict)
         if verdict.label == "unknown":
             return self.current
