@@ -82,6 +82,8 @@ def job(args: argparse.Namespace) -> int:
     x = np.ones(args.bytes // 4, np.float32)
     warm: List[float] = []
     sleep = 0.0
+    for algorithm in ALGORITHMS:  # untimed: MPI connects pairs of ranks on their first message
+        comm.allreduce(x, algorithm=algorithm, out=x)
     comm.link_stats(reset=True)
     for n in range(args.collectives):
         if comm.rank == args.sleep_rank and n >= args.warmup:

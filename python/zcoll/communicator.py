@@ -8,6 +8,7 @@ result when no ``out`` is given, and what is returned.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import weakref
 from typing import Any, Optional
@@ -25,12 +26,14 @@ ALGORITHMS = tuple(_C.Algorithm.__members__)
 # collected unfreed only warns and leaks its MPI communicator (csrc/bindings/bind_comm.cc).
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
-# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError) and
-# that then does not end by itself within FAILURE_EXIT_SECONDS of exiting: 75, EX_TEMPFAIL
-# ("temporary failure, try again"), for launchers that restart such jobs. MPI_Finalize waits for
-# every rank, so with a rank stopped or dead it would wait forever; with every rank alive it
-# returns and the process ends with its own status. Every rank that raised also printed one line
-# on stderr:  ZCOLL-FAILURE rank=R size=P kind=timeout|rank_lost|peer_failed|aborted|transport ...
+# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError, so
+# every rank that raised printed a line  ZCOLL-FAILURE rank=R size=P kind=... on stderr) and
+#   1. that ends with an uncaught exception (the failure itself, or DDP's RuntimeError quoting
+#      it): at once, without MPI_Finalize, which would wait for the lost ranks;
+#   2. or that does not end by itself within FAILURE_EXIT_SECONDS of exiting.
+# 75 is EX_TEMPFAIL ("temporary failure, try again"): for launchers that restart such jobs
+# (mpirun tears the rest of the job down when a process exits non-zero). A process that caught
+# the error and ends normally while every rank is alive keeps its own status.
 FAILURE_EXIT_STATUS = 75
 FAILURE_EXIT_SECONDS = 5.0
 
@@ -38,6 +41,11 @@ FAILURE_EXIT_SECONDS = 5.0
 @atexit.register
 def _free_all() -> None:
     if _C.broken_count():
+        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if uncaught is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(FAILURE_EXIT_STATUS)
         _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS)
     for c in list(_live):
         c.free()
@@ -199,9 +207,12 @@ class Communicator(_C.Comm):
         keeps a label only once three consecutive windows agree and logs one warning line
         (logger "zcoll", on rank 0) when it changes. Call it every few collectives (e.g. every 5
         steps).
-        nodes[r]: rank r's node (default: each rank its own)."""
+        nodes[r]: rank r's node (default: the communicator's node_of(r) where the transport
+        knows nodes, ZCOLL_NODE_ID; else each rank its own)."""
         from .diagnose import Diagnoser
 
+        if nodes is None and hasattr(self, "node_of"):
+            nodes = [self.node_of(r) for r in range(self.size)]
         if getattr(self, "_diagnoser", None) is None or (nodes is not None and self._diagnoser.nodes != list(nodes)):
             self._diagnoser = Diagnoser(None if nodes is None else list(nodes), quiet=self.rank != 0)
         return self._diagnoser.update(self.link_stats(reset=reset))
