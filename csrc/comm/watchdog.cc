@@ -161,33 +161,26 @@ PeerStatus Watchdog::my_status(FailureReason reason, int lost) const {
   return s;
 }
 
-void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger) {
-  const int lost = reason == FailureReason::kRankLost ? peer : -1;
-  throw_if_broken();  // a failure while failing (the protocol's own messages) is not reported twice
-  const int p = comm_.size(), me = comm_.rank();
-
-  // a. announce (best effort: the channel may itself be what failed)
-  const PeerStatus mine = my_status(reason, lost);
-  try {
-    comm_.announce(mine);
-  } catch (const std::exception&) {
-  }
-
-  // b. collect the others' announcements for up to kGraceNs
-  std::vector<bool> heard(static_cast<std::size_t>(p), false), dead(static_cast<std::size_t>(p), false);
-  std::vector<PeerStatus> status(static_cast<std::size_t>(p));
-  heard[me] = true;
-  status[me] = mine;
+// b. The others' announcements for up to kGraceNs, or until every rank was heard from or is
+// known to be gone.
+Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerStatus* trigger) {
+  const int p = comm_.size();
+  Heard h;
+  h.heard.assign(static_cast<std::size_t>(p), false);
+  h.dead.assign(static_cast<std::size_t>(p), false);
+  h.status.resize(static_cast<std::size_t>(p));
+  h.heard[mine.rank] = true;
+  h.status[mine.rank] = mine;
   auto take = [&](const PeerStatus& s) {
     if (s.magic != PeerStatus::kMagic || s.rank < 0 || s.rank >= p) return;
-    heard[s.rank] = true;
-    status[s.rank] = s;
-    status[s.rank].collective[sizeof s.collective - 1] = '\0';
+    h.heard[s.rank] = true;
+    h.status[s.rank] = s;
+    h.status[s.rank].collective[sizeof s.collective - 1] = '\0';
     if (static_cast<FailureReason>(s.reason) == FailureReason::kRankLost && s.lost >= 0 && s.lost < p)
-      dead[s.lost] = true;
+      h.dead[s.lost] = true;
   };
   if (trigger) take(*trigger);
-  if (lost >= 0 && lost < p) dead[lost] = true;
+  if (lost >= 0 && lost < p) h.dead[lost] = true;
   const std::int64_t end = coarse_ns() + kGraceNs;
   std::int64_t next_liveness = 0;
   try {
@@ -199,8 +192,8 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
       if (liveness) next_liveness = now + 50'000'000;
       bool waiting = false;
       for (int r = 0; r < p; ++r) {
-        if (heard[r] || dead[r]) continue;
-        if (liveness && !comm_.peer_alive(r)) dead[r] = true;
+        if (h.heard[r] || h.dead[r]) continue;
+        if (liveness && !comm_.peer_alive(r)) h.dead[r] = true;
         else waiting = true;
       }
       if (!waiting || now >= end) break;
@@ -208,24 +201,22 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
     }
   } catch (const std::exception&) {  // the channel failed: report what was heard so far
   }
+  return h;
+}
 
-  // c. who never arrived, who is gone, what the others were doing
-  std::vector<int> missing, gone;
-  for (int r = 0; r < p; ++r) {
-    if (!heard[r]) missing.push_back(r);
-    if (dead[r]) gone.push_back(r);
-  }
-  const std::string call = concat(mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes)");
-  std::string what = concat("zcoll: ", call, " on rank ", me, " of ", p);
+// c. The message: the call, why it failed, who never arrived, what the others were doing.
+std::string Watchdog::describe(FailureReason reason, int peer, const std::string& cause, const PeerStatus& mine,
+                               const Heard& h) const {
+  const int p = comm_.size(), me = comm_.rank();
+  std::string what = concat("zcoll: ", mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes) on rank ",
+                            me, " of ", p);
   switch (reason) {
     case FailureReason::kTimeout: what += concat(" timed out after ", timeout(), " s"); break;
     case FailureReason::kRankLost:
-      what += concat(" failed: rank ", lost, " is lost");
+      what += concat(" failed: rank ", peer, " is lost");
       if (!cause.empty()) what += concat(" (", cause, ")");
       break;
-    case FailureReason::kPeerFailed:
-      what += concat(" failed: rank ", trigger->rank, " ", peer_reason(status[trigger->rank]));
-      break;
+    case FailureReason::kPeerFailed: what += concat(" failed: rank ", peer, " ", peer_reason(h.status[peer])); break;
     case FailureReason::kAborted: {
       std::lock_guard<std::mutex> lock(mu_);
       what += concat(" was aborted: ", abort_reason_.empty() ? "by the caller" : abort_reason_);
@@ -235,28 +226,37 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
     case FailureReason::kNone: break;
   }
   what += ".";
-  if (missing.empty()) {
-    what += " Every rank was heard from.";
-  } else {
-    what += concat(" Never arrived (not heard from within ", kGraceNs / 1e9, " s of the failure): ");
-    for (std::size_t i = 0; i < missing.size(); ++i) {
-      const int r = missing[i];
-      const std::string about = comm_.describe_peer(r);
-      what += concat(i ? "; " : "", "rank ", r, dead[r] ? " (lost" : "", dead[r] && !about.empty() ? ": " : "",
-                     dead[r] ? about + ")" : (about.empty() ? "" : " (" + about + ")"));
-    }
-    what += ".";
+  std::string never;
+  for (int r = 0; r < p; ++r) {
+    if (h.heard[r]) continue;
+    const std::string about = comm_.describe_peer(r);
+    const std::string state = h.dead[r] ? "lost" + (about.empty() ? "" : ": " + about) : about;
+    never += concat(never.empty() ? "" : "; ", "rank ", r, state.empty() ? "" : " (" + state + ")");
   }
-  // Heard-from ranks grouped by what they were doing.
+  what += never.empty() ? " Every rank was heard from."
+                        : concat(" Never arrived (not heard from within ", kGraceNs / 1e9, " s of the failure): ",
+                                 never, ".");
   std::map<std::tuple<std::int64_t, std::string, std::int64_t>, std::vector<int>> groups;
   for (int r = 0; r < p; ++r)
-    if (heard[r] && r != me)
-      groups[{status[r].in_call, status[r].collective, status[r].seq}].push_back(r);
+    if (h.heard[r] && r != me) groups[{h.status[r].in_call, h.status[r].collective, h.status[r].seq}].push_back(r);
   for (const auto& [key, ranks] : groups) {
-    const PeerStatus& s = status[ranks.front()];
+    const PeerStatus& s = h.status[ranks.front()];
     const bool same = s.in_call && mine.in_call && s.seq == mine.seq && std::strcmp(s.collective, mine.collective) == 0;
     what += concat(" ", ranks_text(ranks), ranks.size() == 1 ? " was " : " were ", same ? "also " : "", doing(s), ".");
   }
+  return what;
+}
+
+void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger) {
+  throw_if_broken();  // a failure while failing (the protocol's own messages) is not reported twice
+  const int lost = reason == FailureReason::kRankLost ? peer : -1;
+  const PeerStatus mine = my_status(reason, lost);
+  try {
+    comm_.announce(mine);  // a. best effort: the channel may itself be what failed
+  } catch (const std::exception&) {
+  }
+  const Heard h = collect(mine, lost, trigger);
+  std::string what = describe(reason, trigger ? static_cast<int>(trigger->rank) : peer, cause, mine, h);
   std::string dump;
   if (on_failure) {
     try {
@@ -265,24 +265,28 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
     }
   }
   if (!dump.empty()) what += concat(" Flight recorder dump: ", dump, ".");
+  // d. broken from now on; one line for launchers; the exception
   {
     std::lock_guard<std::mutex> lock(mu_);
     broken_reason_ = what;
   }
   broken_.store(true, std::memory_order_release);
   g_broken_count.fetch_add(1, std::memory_order_relaxed);
-  std::fprintf(stderr, "ZCOLL-FAILURE rank=%d size=%d kind=%s collective=%s seq=%llu bytes=%zu missing=%s lost=%s dump=%s\n",
-               me, p, kind_name(reason), mine.in_call ? name_ : "-", static_cast<unsigned long long>(seq_), bytes_,
-               list_text(missing).c_str(), list_text(gone).c_str(), dump.empty() ? "-" : dump.c_str());
-  std::fflush(stderr);
   FailureInfo info;
   info.collective = mine.in_call ? name_ : "";
   info.seq = seq_;
   info.bytes = bytes_;
-  info.missing = missing;
-  info.lost = gone;
   info.dump_path = dump;
-  if (!gone.empty()) throw RankLostError(what, std::move(info));
+  for (int r = 0; r < comm_.size(); ++r) {
+    if (!h.heard[r]) info.missing.push_back(r);
+    if (h.dead[r]) info.lost.push_back(r);
+  }
+  std::fprintf(stderr, "ZCOLL-FAILURE rank=%d size=%d kind=%s collective=%s seq=%llu bytes=%zu missing=%s lost=%s dump=%s\n",
+               comm_.rank(), comm_.size(), kind_name(reason), mine.in_call ? name_ : "-",
+               static_cast<unsigned long long>(seq_), bytes_, list_text(info.missing).c_str(),
+               list_text(info.lost).c_str(), dump.empty() ? "-" : dump.c_str());
+  std::fflush(stderr);
+  if (!info.lost.empty()) throw RankLostError(what, std::move(info));
   throw TimeoutError(what, std::move(info));
 }
 

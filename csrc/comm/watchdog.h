@@ -35,6 +35,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -127,7 +128,15 @@ class Watchdog {
  private:
   static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
 
+  // What a failing rank learnt from the others (fail(), step b).
+  struct Heard {
+    std::vector<bool> heard, dead;
+    std::vector<PeerStatus> status;
+  };
   void slow_check();
+  Heard collect(const PeerStatus& mine, int lost, const PeerStatus* trigger);
+  std::string describe(FailureReason reason, int peer, const std::string& cause, const PeerStatus& mine,
+                       const Heard& heard) const;
   // peer: the rank found lost (kRankLost) or named by the transport (kTransport); trigger: the
   // announcement that made this rank fail (kPeerFailed).
   [[noreturn]] void fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger);
