@@ -289,7 +289,7 @@ def test_report_command(tmp_path):
     rc, out = run([sys.executable, "-m", "zcoll", "report", "--help"])
     assert rc == 0 and "verdict" in out and "--warmup" in out
     rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path / "nope")])
-    assert rc == 2 and "not a directory" in out
+    assert rc == 2 and "does not exist" in out
     rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path)])
     assert rc == 2 and "zcoll-trace-rank" in out
     for doc in synthetic_docs(MLP, beta=1 / 20e6, codecs=INT8):

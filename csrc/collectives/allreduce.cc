@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/call_scope.h"
 #include "common/check.h"
 #include "kernels/reduce.h"
 
@@ -33,10 +34,12 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
   header.op = static_cast<long long>(options.op);
   header.count = static_cast<long long>(count);
   header.algorithm = static_cast<long long>(algorithm);
+  const detail::CallScope scope(comm, {"allreduce", count, dtype, algorithm_name(algorithm), op_name(options.op)});
   detail::check_same_call(comm, header, options.check_args);
   comm.stats().collectives += 1;
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {
+    comm.recorder().mark_in_progress();
     comm.native_allreduce(in, out, count, dtype, options.op);
     return algorithm;
   }

@@ -7,7 +7,7 @@
     comm.allreduce(grad, op="avg", out=grad, compression=q, key="grad")
 """
 from . import _C
-from ._C import MismatchError, ZcollError
+from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
 from .communicator import ALGORITHMS, OPS, Communicator
 from .compression import (
     CompressionStats,
@@ -31,6 +31,15 @@ def choose_algorithm(nbytes: int, ranks: int, *, shared_memory: bool = True, ove
     return _C.choose_allreduce_algorithm(nbytes, ranks, not oversubscribed, shared_memory, oversubscribed)
 
 
+def dump(reason: str = "zcoll.dump()") -> list:
+    """Writes the flight recorder of every live communicator of this process (its last
+    ``ZCOLL_FLIGHT_RECORDER`` collectives: sequence number, collective, size, algorithm, state
+    and per-peer progress) to ``ZCOLL_DUMP_DIR`` as ``zcoll-flight-<comm>-rank<R>.json``;
+    returns the paths. Not collective: call it on the ranks you want to see (SIGUSR1 does the
+    same). ``zcoll report DIR`` lines the ranks' dumps up and says where they diverged."""
+    return _C.dump_all(reason)
+
+
 def block_range(count: int, ranks: int, rank: int) -> range:
     """The element range reduce_scatter leaves on `rank`."""
     begin = _C.block_begin(count, ranks, rank)
@@ -39,6 +48,7 @@ def block_range(count: int, ranks: int, rank: int) -> range:
 
 __all__ = [
     "ALGORITHMS",
+    "BrokenError",
     "OPS",
     "Communicator",
     "CompressionStats",
@@ -48,10 +58,13 @@ __all__ = [
     "MismatchError",
     "Payload",
     "RandomK",
+    "RankLostError",
     "Threshold",
+    "TimeoutError",
     "TopK",
     "ZcollError",
     "__version__",
     "block_range",
     "choose_algorithm",
+    "dump",
 ]
