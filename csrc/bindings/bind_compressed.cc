@@ -116,6 +116,12 @@ std::size_t decode(const BoundPayload& p, py::handle out) {
   const Buffer y = acquire(out, "out", Access::kWrite);
   ZCOLL_REQUIRE(y.dtype() == p.dtype && y.count() == p.count, "out: expected ", p.count, " ",
                 dtype_name(p.dtype), " elements, got ", y.count(), " ", dtype_name(y.dtype()));
+  // The payload's arrays are numpy views of its bytes: decoding into one would overwrite what
+  // is still to be read (found by tests/mpi/fuzz.py).
+  const auto wire = reinterpret_cast<std::uintptr_t>(p.wire.bytes.data());
+  const auto dst = reinterpret_cast<std::uintptr_t>(y.data());
+  ZCOLL_REQUIRE(y.nbytes() == 0 || dst + y.nbytes() <= wire || wire + p.wire.bytes.size() <= dst,
+                "out shares memory with the payload being decoded; pass an out of its own");
   MaybeReleaseGil gil(y.nbytes() >= kGilFreeBytes);
   return decode_payload(p.wire, p.count, p.dtype, p.options, y.data());
 }
