@@ -35,9 +35,10 @@ CompressionOptions make_options(py::handle kind, int bits, py::handle block, boo
   CompressionOptions o;
   o.kind = to_compression(kind);
   o.bits = bits;
-  const long long b = PyLong_Check(block.ptr()) ? PyLong_AsLongLong(block.ptr()) : 0;
+  int overflow = 0;  // beyond 64 bits: refused like any other bad block (it was an OverflowError)
+  const long long b = PyLong_Check(block.ptr()) ? PyLong_AsLongLongAndOverflow(block.ptr(), &overflow) : 0;
   if (PyErr_Occurred()) throw py::error_already_set();
-  ZCOLL_REQUIRE(b > 0, "quantization block must be a positive integer, got ",
+  ZCOLL_REQUIRE(b > 0 && !overflow, "quantization block must be a positive integer below 2^63, got ",
                 py::repr(block).cast<std::string>());
   o.block = static_cast<std::size_t>(b);
   o.stochastic = stochastic;
