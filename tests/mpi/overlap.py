@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases
+from harness import Checks, run_cases  # noqa: E402
 
 # isort: split
 import numpy as np
