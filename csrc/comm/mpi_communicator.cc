@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -48,6 +49,9 @@ WaitPolicy choose_wait_policy(bool oversubscribed) {
   if (v == "yield") return WaitPolicy::kYield;
   return oversubscribed ? WaitPolicy::kYield : WaitPolicy::kSpin;
 }
+
+// A power of two, so that every chunk but the last stays aligned.
+constexpr std::size_t kMaxMpiCount = std::size_t(1) << 30;
 
 int to_int_count(std::size_t bytes) {
   ZCOLL_CHECK_LE(bytes, static_cast<std::size_t>(INT_MAX), "one message must stay below 2 GiB");
@@ -236,12 +240,22 @@ bool MpiCommunicator::test(Request& request) {
   return done != 0;
 }
 
+// MPI_Allreduce counts are ints: it runs once per chunk of at most kMaxMpiCount elements
+// (elements are reduced independently, so chunks give the same bits as one call). Chunks rather
+// than MPI-4's MPI_Allreduce_c: one path for every MPI library (those before MPI-4 lack the _c
+// calls), and zcoll's user ops (half types, float min/max) keep their int-count signature, which
+// a large-count call would need MPI_Op_create_c for. The cost: one more latency per 2^30
+// elements, next to the second or more it takes to move them.
 void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                                        ReduceOp op) {
-  const void* send = in == out ? MPI_IN_PLACE : in;
-  ZCOLL_CHECK_LE(count, static_cast<std::size_t>(INT_MAX), "MPI_Allreduce count");
-  ZCOLL_MPI_CHECK(MPI_Allreduce(send, out, static_cast<int>(count), mpi_datatype(dtype),
-                                mpi_op(dtype, op), comm_));
+  const std::size_t elem = dtype_size(dtype);
+  for (std::size_t begin = 0; begin < count; begin += kMaxMpiCount) {
+    const std::size_t n = std::min(kMaxMpiCount, count - begin);
+    void* chunk_out = static_cast<unsigned char*>(out) + begin * elem;
+    const void* send = in == out ? MPI_IN_PLACE : static_cast<const unsigned char*>(in) + begin * elem;
+    ZCOLL_MPI_CHECK(MPI_Allreduce(send, chunk_out, static_cast<int>(n), mpi_datatype(dtype), mpi_op(dtype, op),
+                                  comm_));
+  }
   if (op == ReduceOp::kAvg) kernels::divide(out, count, dtype, size_);
   stats_.bytes_sent += 2 * count * dtype_size(dtype) * static_cast<std::size_t>(size_ - 1) / size_;
 }
