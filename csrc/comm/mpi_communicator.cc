@@ -151,6 +151,9 @@ Request active_request(std::uint64_t handle, int peer) {
   return request;
 }
 
+// A power of two, so that every chunk but the last stays aligned.
+constexpr std::size_t kMaxMpiCount = std::size_t(1) << 30;
+
 int to_int_count(std::size_t bytes) {
   ZCOLL_CHECK_LE(bytes, static_cast<std::size_t>(INT_MAX), "one message must stay below 2 GiB");
   return static_cast<int>(bytes);
@@ -389,18 +392,27 @@ void MpiCommunicator::cancel(Request& request) noexcept {
   MPI_Request_free(&r);
 }
 
-// With the watchdog on, MPI_Iallreduce and the watchdog's wait (a blocking MPI_Allreduce could
-// wait for a stopped rank forever); off, MPI_Allreduce itself.
+// MPI_Allreduce counts are ints: it runs once per chunk of at most kMaxMpiCount elements
+// (elements are reduced independently, so chunks give the same bits as one call). Chunks rather
+// than MPI-4's MPI_Allreduce_c: one path for every MPI library (those before MPI-4 lack the _c
+// calls), and zcoll's user ops (half types, float min/max) keep their int-count signature, which
+// a large-count call would need MPI_Op_create_c for. The cost: one more latency per 2^30
+// elements, next to the second or more it takes to move them. With the watchdog on, each chunk is
+// an MPI_Iallreduce waited for with the watchdog's polls (a blocking MPI_Allreduce could wait for
+// a stopped rank forever); off, MPI_Allreduce itself.
 void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                                        ReduceOp op) {
-  const void* send = in == out ? MPI_IN_PLACE : in;
-  ZCOLL_CHECK_LE(count, static_cast<std::size_t>(INT_MAX), "MPI_Allreduce count");
-  const int n = static_cast<int>(count);
-  if (!watchdog_.enabled()) {
-    ZCOLL_MPI_CHECK(MPI_Allreduce(send, out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_));
-  } else {
+  const std::size_t elem = dtype_size(dtype);
+  for (std::size_t begin = 0; begin < count; begin += kMaxMpiCount) {
+    const int n = static_cast<int>(std::min(kMaxMpiCount, count - begin));
+    void* chunk_out = static_cast<unsigned char*>(out) + begin * elem;
+    const void* send = in == out ? MPI_IN_PLACE : static_cast<const unsigned char*>(in) + begin * elem;
+    if (!watchdog_.enabled()) {
+      ZCOLL_MPI_CHECK(MPI_Allreduce(send, chunk_out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_));
+      continue;
+    }
     MPI_Request r;
-    ZCOLL_MPI_CHECK(MPI_Iallreduce(send, out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_, &r));
+    ZCOLL_MPI_CHECK(MPI_Iallreduce(send, chunk_out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_, &r));
     Backoff backoff(wait_policy_ == WaitPolicy::kYield);
     for (int done = 0;;) {
       check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), -1);
