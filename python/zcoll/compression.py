@@ -130,6 +130,33 @@ class Compressor:
         else:
             self._residuals.pop(key, None)
 
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's state, for checkpoints: ``{"residuals": {key: float32 array shaped like its
+        tensor}, "calls": {key: calls so far}}`` (the call counts drive the per-call seeds of
+        stochastic rounding and random-k). Copies; numpy only."""
+        return {
+            "residuals": {k: e.reshape(shape).copy() for k, (shape, e) in self._residuals.items()},
+            "calls": dict(self._calls),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Replaces the residuals and call counts with those of :meth:`state_dict` (arrays or
+        CPU tensors), so the next call computes exactly what it would have before the save."""
+        residuals = {}
+        for key, r in state["residuals"].items():
+            a = np.array(r, dtype=np.float32, copy=True)
+            residuals[key] = (tuple(a.shape), a.reshape(-1))
+        self._residuals = residuals
+        self._calls = {k: int(n) for k, n in state["calls"].items()}
+
+    def set_residual(self, key: str, values: Any) -> None:
+        """Makes `values` (a float32 copy, shaped like the tensor `key` names) the residual of
+        `key`, e.g. when the tensors behind the keys change (DDP rebuilding its buckets)."""
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str naming the tensor, got {type(key).__name__}")
+        a = np.array(values, dtype=np.float32, copy=True)
+        self._residuals[key] = (tuple(a.shape), a.reshape(-1))
+
     def _state(self, key: Optional[str], x: Any) -> Tuple[Optional[np.ndarray], int, Callable[[], None]]:
         """(residual or None, this call's seed, commit): commit() records the call (a new key's
         residual, the call count behind the seeds) once the C++ call has succeeded."""
