@@ -69,7 +69,11 @@ def compressor(method: str):
 
 def split_method(name: str) -> tuple:
     base, _, variant = name.partition("-")
-    if base not in BASE_METHODS or variant not in VARIANTS or (variant and base in ("gloo", "zcoll", "dense")):
+    if (
+        base not in BASE_METHODS
+        or variant not in VARIANTS
+        or (variant and base in ("gloo", "zcoll", "dense"))
+    ):
         raise SystemExit(
             f"unknown method {name!r}: choose from {', '.join(BASE_METHODS)} (compressed ones: -plain, -warm)"
         )
@@ -85,11 +89,16 @@ def options() -> argparse.Namespace:
     p.add_argument(
         "--methods",
         default=",".join(BASE_METHODS),
-        help="comma-separated methods, gloo first (default %(default)s)".replace("%", "%%").replace("%%(", "%("),
+        help="comma-separated methods, gloo first (default %(default)s)".replace("%", "%%").replace(
+            "%%(", "%("
+        ),
     )
     p.add_argument("--batch", type=int, default=32, help="rows per rank per step (default 32)")
     p.add_argument(
-        "--warmup", type=float, default=0.1, help="fraction of the steps sent uncompressed first (default 0.1)"
+        "--warmup",
+        type=float,
+        default=0.1,
+        help="fraction of the steps sent uncompressed first (default 0.1)",
     )
     p.add_argument("--optim", choices=("adam", "sgd"), default="adam", help="Adam, or SGD with momentum 0.9")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam, 0.05 SGD)")
@@ -206,7 +215,17 @@ def launch(args, ranks: int) -> list:
     """One mpirun job of `ranks` ranks; its result lines, progress echoed as they come."""
     bin_dir = Path(sys.executable).parent
     argv = [a for a in sys.argv[1:]]
-    cmd = [str(bin_dir / "mpirun"), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, *argv, "--worker"]
+    cmd = [
+        str(bin_dir / "mpirun"),
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        __file__,
+        *argv,
+        "--worker",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", MPIR_CVAR_DEVICE_COLLECTIVES="none")
     results = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as job:
@@ -242,7 +261,11 @@ def table(results: list, seeds: list) -> str:
     for (ranks, model, method), accs in rows.items():
         mean = sum(accs.values()) / len(accs)
         gloo = rows.get((ranks, model, "gloo"))
-        diff = f"{100 * (mean - sum(gloo.values()) / len(gloo)):+8.2f}" if gloo and method != "gloo" else f"{'':>8}"
+        diff = (
+            f"{100 * (mean - sum(gloo.values()) / len(gloo)):+8.2f}"
+            if gloo and method != "gloo"
+            else f"{'':>8}"
+        )
         per_seed = " ".join(f"{100 * accs[s]:7.2f}" if s in accs else f"{'-':>7}" for s in seeds)
         lines.append(f"{ranks:>5} {model:<6} {method:<12} {per_seed} {100 * mean:7.2f} {diff}")
     return "\n".join(lines)

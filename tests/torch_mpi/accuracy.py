@@ -98,7 +98,9 @@ def case_error_feedback_carries_across_rebuild(ck: Checks):
         dist.all_reduce(total)  # sums over ranks: of the inputs, of the residuals
         lhs, rhs = total[0], N * averaged[p] + total[1]  # the ranks sent N times the average
         worst = max(worst, ((lhs - rhs).abs().max() / lhs.abs().max()).item())
-    ck.check(worst < 1e-5, "inputs == ranks * averaged + residuals, per parameter", f"relative error {worst:.3g}")
+    ck.check(
+        worst < 1e-5, "inputs == ranks * averaged + residuals, per parameter", f"relative error {worst:.3g}"
+    )
     ck.same_on_all_ranks("parameters", flat(params).numpy().tobytes())
 
 
@@ -158,7 +160,10 @@ def case_adam_variance_freezes_after_warmup(ck: Checks):
                     p.add_(m[i] / d[i], alpha=-lr / (1 - b1**t))
         if step == warm - 1:  # still plain Adam: the same as a reference Adam up to rounding
             ck.check(not state.momentum.active, "the optimizer runs unchanged during the warm-up")
-    err = ((flat(model.parameters()) - flat(ref.parameters())).norm() / (flat(ref.parameters()) - flat(wide_net().parameters())).norm()).item()
+    err = (
+        (flat(model.parameters()) - flat(ref.parameters())).norm()
+        / (flat(ref.parameters()) - flat(wide_net().parameters())).norm()
+    ).item()
     ck.check(state.momentum.active, "momentum correction took over after the warm-up")
     ck.check(err < 1e-4, "Adam, then the frozen-variance rule", f"relative distance {err:.3g}")
     ck.check(all(p.grad is None for p in model.parameters()), "the optimizer's own update saw no gradients")
@@ -180,6 +185,22 @@ def case_momentum_is_masked_where_sent(ck: Checks):
         ck.check(sent.any() and (~sent).any(), f"{key}: some values sent, some owed")
         ck.check(torch.all(u[sent] == 0), f"{key}: velocity zero where sent")
         ck.check((u[~sent] != 0).float().mean() > 0.9, f"{key}: velocity kept where not sent")
+
+
+def case_two_byte_buckets(ck: Checks):
+    """A bfloat16 model: float32 velocity and residual, bf16 buckets, identical ranks."""
+    model = DDP(wide_net().to(torch.bfloat16))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 2, optimizer=opt)
+    for step in range(5):
+        x, y, _, _ = batch(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+        opt.step()
+    params = flat(model.parameters())
+    ck.check(torch.isfinite(params.float()).all() and state.momentum.active, "finite, momentum correction on")
+    ck.check(all(u.dtype == torch.float32 for u in state.velocity.values()), "float32 velocities")
+    ck.same_on_all_ranks("parameters", params.view(torch.int16).numpy().tobytes())
 
 
 def train_steps(model, opt, first, last):
@@ -214,10 +235,32 @@ def case_state_dict_resumes_exactly(ck: Checks):
 def case_refusals(ck: Checks):
     model = DDP(wide_net())
     pg = model.process_group
-    ck.raises(TypeError, lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.RMSprop(model.parameters())), "SGD, Adam and AdamW")
-    ck.raises(ValueError, lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)), "nesterov")
-    ck.raises(ValueError, lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.SGD(model.parameters(), lr=0.1)), "momentum=0")
-    ck.raises(ValueError, lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.Adam(model.parameters(), amsgrad=True)), "amsgrad")
+    ck.raises(
+        TypeError,
+        lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.RMSprop(model.parameters())),
+        "SGD, Adam and AdamW",
+    )
+    ck.raises(
+        ValueError,
+        lambda: CompressionState(
+            pg,
+            zcoll.TopK(0.01),
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True),
+        ),
+        "nesterov",
+    )
+    ck.raises(
+        ValueError,
+        lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=torch.optim.SGD(model.parameters(), lr=0.1)),
+        "momentum=0",
+    )
+    ck.raises(
+        ValueError,
+        lambda: CompressionState(
+            pg, zcoll.TopK(0.01), optimizer=torch.optim.Adam(model.parameters(), amsgrad=True)
+        ),
+        "amsgrad",
+    )
     acc = zcoll.torch.optim.Adam(model.parameters(), gradient_accumulation_steps=2)
     ck.raises(ValueError, lambda: CompressionState(pg, zcoll.TopK(0.01), optimizer=acc), "accumulation")
     opt = torch.optim.Adam(model.parameters())

@@ -15,7 +15,7 @@ Example::
 
     model = DistributedDataParallel(net)                    # on a "zcoll" process group
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(ratio=0.01), warmup_steps=100, optimizer=opt)
+    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), warmup_steps=100, optimizer=opt)
     # or, by hand:
     model.register_comm_hook(CompressionState(compressor=zcoll.GradientQuantizer(bits=8)), compression_hook)
 """
@@ -143,9 +143,13 @@ class CompressionState:
         the space the hook compresses), a copy; None when it has none."""
         where = self.layouts.slice_of(param)
         e = None if where is None or self.compressor is None else self.compressor.residual(where[0])
-        return None if e is None else torch.from_numpy(e[where[1] : where[1] + where[2]].copy()).view_as(param)
+        return (
+            None if e is None else torch.from_numpy(e[where[1] : where[1] + where[2]].copy()).view_as(param)
+        )
 
-    def compressed_allreduce(self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def compressed_allreduce(
+        self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
         """One bucket, compressed (runs on the group's executor, in bucket order): move the
         bucket's state if DDP rebuilt it, momentum correction, the compressed average.
 
@@ -159,7 +163,9 @@ class CompressionState:
             self.resuming = False
         return self._compressed_bucket(buf, key, params)
 
-    def _compressed_bucket(self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _compressed_bucket(
+        self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
         comm, compressor, mc = self.process_group.communicator, self.compressor, self.momentum
         self.layouts.place(key, params)
         u = None
@@ -183,7 +189,9 @@ class CompressionState:
             mc.mask_sent(u, compressor.residual(key))
         return out
 
-    def _through_saved_layouts(self, buf: torch.Tensor, params: Tuple[torch.Tensor, ...], saved: list) -> torch.Tensor:
+    def _through_saved_layouts(
+        self, buf: torch.Tensor, params: Tuple[torch.Tensor, ...], saved: list
+    ) -> torch.Tensor:
         """Each saved bucket's slices gathered from `buf` in its own order, compressed under its
         own key, scattered back."""
         offset, off = {}, 0
@@ -215,7 +223,9 @@ class CompressionState:
         apply_gradient_compression)."""
         index = {p: i for i, p in enumerate(self.parameters or [])}
         if self.layouts.params and not index:
-            raise ValueError("CompressionState.state_dict needs parameters= (or optimizer=) to name the buckets' parameters")
+            raise ValueError(
+                "CompressionState.state_dict needs parameters= (or optimizer=) to name the buckets' tensors"
+            )
         return {
             "step": self.step,
             "compressor": self.compressor.state_dict() if self.compressor is not None else None,
@@ -232,7 +242,9 @@ class CompressionState:
                 "a compressor; load it into a CompressionState of the same kind"
             )
         if (self.momentum is None) != (state["momentum"] is None):
-            raise ValueError(f"{self!r}: the saved state and this one differ in momentum correction (optimizer=)")
+            raise ValueError(
+                f"{self!r}: the saved state and this one differ in momentum correction (optimizer=)"
+            )
         self.step = int(state["step"])
         if self.compressor is not None:
             self.compressor.load_state_dict(state["compressor"])
@@ -330,7 +342,7 @@ def apply_gradient_compression(
 
         model = torch.nn.parallel.DistributedDataParallel(net)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), warmup_steps=100, optimizer=opt)
+        state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 100, optimizer=opt)
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
@@ -339,7 +351,13 @@ def apply_gradient_compression(
         )
     pg = _zcoll_group(ddp_model.process_group, "apply_gradient_compression")
     state = CompressionState(
-        pg, compressor, warmup_steps, key_prefix, optimizer=optimizer, parameters=list(ddp_model.parameters()), **options
+        pg,
+        compressor,
+        warmup_steps,
+        key_prefix,
+        optimizer=optimizer,
+        parameters=list(ddp_model.parameters()),
+        **options,
     )
     ddp_model.register_comm_hook(state, compression_hook)
     return state

@@ -58,7 +58,9 @@ class MomentumCorrection:
     def __init__(self, optimizer: Any, variance_floor: float = 1e-4, mask: bool = False):
         self.kind = _kind(optimizer)
         if getattr(optimizer, "gradient_accumulation_steps", 1) != 1:
-            raise ValueError("momentum correction needs one optimizer step per backward: no gradient accumulation")
+            raise ValueError(
+                "momentum correction needs one optimizer step per backward: no gradient accumulation"
+            )
         if not variance_floor >= 0:
             raise ValueError(f"variance_floor must be >= 0, got {variance_floor}")
         self.optimizer = optimizer
@@ -82,9 +84,9 @@ class MomentumCorrection:
             steps = [_step_of(self.optimizer.state.get(p, {})) for p in self._rules]
             if not steps or min(steps) == 0:
                 raise RuntimeError(
-                    f"momentum correction with {type(self.optimizer).__name__} freezes its variance at the end of the "
-                    "warm-up, but the optimizer has not stepped yet: give CompressionState warmup_steps >= 1 "
-                    "(about 5-20% of the training steps)"
+                    f"momentum correction with {type(self.optimizer).__name__} freezes its variance at the "
+                    "end of the warm-up, but the optimizer has not stepped yet: give CompressionState "
+                    "warmup_steps >= 1 (about 5-20% of the training steps)"
                 )
             self._t = max(steps)
         self.active = True
@@ -98,7 +100,10 @@ class MomentumCorrection:
         if all(m is None for m in found):
             return None
         return torch.cat(
-            [torch.zeros(p.numel()) if m is None else m.detach().reshape(-1).float() for p, m in zip(params, found)]
+            [
+                torch.zeros(p.numel()) if m is None else m.detach().reshape(-1).float()
+                for p, m in zip(params, found)
+            ]
         )
 
     def preconditioner(self, params: Iterable[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -115,7 +120,11 @@ class MomentumCorrection:
         return torch.cat(parts)
 
     def velocity_step(
-        self, buf: torch.Tensor, params: Tuple[torch.Tensor, ...], u: Optional[torch.Tensor], d: Optional[torch.Tensor]
+        self,
+        buf: torch.Tensor,
+        params: Tuple[torch.Tensor, ...],
+        u: Optional[torch.Tensor],
+        d: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """Step 3 of the module docstring on one bucket: u advances with this rank's gradient in
         `buf` (u None: starts as that gradient), and `buf` becomes x = u / d, the quantity to
@@ -128,7 +137,7 @@ class MomentumCorrection:
                 buf[off : off + n].add_(p.detach().reshape(-1), alpha=wd)
             off += n
         if u is None:
-            u = buf.clone()
+            u = buf.to(torch.float32, copy=True)  # float32 velocity for 2-byte buckets too
         else:
             beta, damp = self._coefficients(params[0])
             u.mul_(beta).add_(buf, alpha=1.0 - damp)
