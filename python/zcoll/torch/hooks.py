@@ -28,7 +28,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from .backend import ProcessGroupZcoll
 from .bucket_state import BucketLayouts
-from .momentum import SPARSIFIERS, MomentumCorrection
+from .momentum import SPARSIFIERS, MomentumCorrection, default_variance_floor
 
 
 def _zcoll_group(process_group: Optional[Any], what: str) -> ProcessGroupZcoll:
@@ -60,7 +60,8 @@ class CompressionState:
        Needed for top-k and sign with momentum or Adam (docs/compression.md); None: the
        compressor sees the gradients (error feedback only).
     5. ``variance_floor`` (Adam) and ``mask_momentum``: None picks the measured defaults per
-       compressor: sparsifiers 1e-2 and DGC's momentum factor masking, quantizers 1e-4, no mask.
+       compressor (docs/compression.md): floor 1e-4 for sign, 1e-2 otherwise; DGC's momentum
+       factor masking for sparsifiers.
     6. ``dense_below``: buckets of fewer elements go uncompressed (their latency, not their bytes,
        is what they cost), with whatever residual they carry.
 
@@ -113,7 +114,7 @@ class CompressionState:
         sparse = type(compressor).__name__ in SPARSIFIERS
         self.momentum = None
         if optimizer is not None:
-            floor = (1e-2 if sparse else 1e-4) if variance_floor is None else variance_floor
+            floor = default_variance_floor(compressor) if variance_floor is None else variance_floor
             mask = sparse if mask_momentum is None else mask_momentum
             self.momentum = MomentumCorrection(optimizer, variance_floor=floor, mask=mask)
         if parameters is None and optimizer is not None:

@@ -55,7 +55,7 @@ class MomentumCorrection:
 
     __slots__ = ("optimizer", "kind", "variance_floor", "mask", "active", "_rules", "_t", "_handle")
 
-    def __init__(self, optimizer: Any, variance_floor: float = 1e-4, mask: bool = False):
+    def __init__(self, optimizer: Any, variance_floor: float = 1e-2, mask: bool = False):
         self.kind = _kind(optimizer)
         if getattr(optimizer, "gradient_accumulation_steps", 1) != 1:
             raise ValueError(
@@ -186,6 +186,16 @@ class MomentumCorrection:
     def remove(self) -> None:
         """Unregisters the optimizer pre-hook."""
         self._handle.remove()
+
+
+def default_variance_floor(compressor: Any) -> float:
+    """The measured default floor (docs/compression.md). Preconditioning makes a coordinate with
+    almost no variance in the warm-up an outlier of x = u / d, as large as the floor allows:
+    codecs whose error follows the block's largest value (int8, int4) and selection by magnitude
+    (top-k) suffer from such outliers, so they get the tighter 1e-2 (d >= 0.1 x the parameter's
+    RMS); sign, scaled by the block's mean |x|, suffers more from coordinates the floor shrinks
+    below that mean, so it gets 1e-4."""
+    return 1e-4 if getattr(compressor, "bits", None) == 1 else 1e-2
 
 
 def _kind(optimizer: Any) -> str:
