@@ -102,6 +102,15 @@ def options() -> argparse.Namespace:
     )
     p.add_argument("--optim", choices=("adam", "sgd"), default="adam", help="Adam, or SGD with momentum 0.9")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam, 0.05 SGD)")
+    p.add_argument(
+        "--variance-floor",
+        type=float,
+        default=None,
+        help="CompressionState's variance_floor (default: its own)",
+    )
+    p.add_argument(
+        "--mask", choices=("auto", "on", "off"), default="auto", help="CompressionState's mask_momentum"
+    )
     p.add_argument("--csv", default=None, help="write every run as a CSV row here")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per mpirun job (default 3600)")
     args = p.parse_args()
@@ -154,6 +163,10 @@ def train_one(args, world, groups, model_name: str, method: str, seed: int, data
     if base not in ("gloo", "zcoll"):
         warmup = 0 if variant == "plain" else max(1, round(args.warmup * steps))
         extra = {"dense_below": 1 << 62} if base == "dense" else {}
+        if not variant:
+            extra.update(
+                variance_floor=args.variance_floor, mask_momentum={"on": True, "off": False}.get(args.mask)
+            )
         zcoll.torch.apply_gradient_compression(
             model, compressor(base), warmup, optimizer=None if variant else opt, **extra
         )
