@@ -41,7 +41,47 @@ struct Args {
   bool in_place = false;
   double max_seconds = 30.0;
   std::string csv;
+  std::vector<std::string> toggles;  // --off: features measured off beside on ("deadlines")
 };
+
+// --off FEATURE adds, for every row, a twin row "<row>/-FEATURE" run with that feature of zcoll
+// switched off for its calls only, interleaved with the row itself (measure_row), so one run
+// measures the feature's cost on a quiet and a noisy machine alike.
+//   deadlines: the watchdog (comm/watchdog.h): deadlines, liveness checks, MPI_Iallreduce
+//   telemetry: the link telemetry (comm/telemetry.h): a clock read per message and per call
+//   recorder:  the flight recorder (comm/flight_recorder.h)
+const std::vector<std::string> kToggles = {"deadlines", "telemetry", "recorder"};
+
+// Switches a feature off while alive ("" : nothing).
+class FeatureOff {
+ public:
+  FeatureOff(MpiCommunicator& comm, const std::string& feature) : comm_(comm), feature_(feature) { set(false); }
+  ~FeatureOff() { set(true); }
+  FeatureOff(const FeatureOff&) = delete;
+  FeatureOff& operator=(const FeatureOff&) = delete;
+
+ private:
+  void set(bool on) {
+    if (feature_ == "deadlines") comm_.watchdog().set_enabled(on);
+    if (feature_ == "telemetry") comm_.telemetry().set_enabled(on);
+    if (feature_ == "recorder") comm_.recorder().set_enabled(on);
+  }
+
+  MpiCommunicator& comm_;
+  std::string feature_;
+};
+
+// Runs the row called `name` once: "ring", "int8", or a twin "ring/-deadlines". The reference
+// row "mpi" is MPI_Allreduce itself: zcoll's watchdog off (with it on, zcoll's "mpi" algorithm
+// runs MPI_Iallreduce so that its wait has a deadline).
+void run_row(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, const std::string& name, Buffers buf,
+             std::size_t count) {
+  const auto slash = name.find("/-");
+  const std::string algorithm = name.substr(0, slash);
+  const std::string off = slash == std::string::npos ? (name == "mpi" ? "deadlines" : "") : name.substr(slash + 2);
+  FeatureOff feature(comm, off);
+  b.run(comm, algorithm, buf, count, a.dtype, a.op, a.root, a.in_place);
+}
 
 void print_help(const CollectiveBench& b, const char* prog) {
   std::printf(
@@ -64,6 +104,9 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "  -i         in-place (default out-of-place)\n"
       "  -t SECONDS stop timing a row after this long, keeping the iterations done (default 30);\n"
       "             the iters column shows how many were timed\n"
+      "  --off FEATURE  also measure every row with FEATURE of zcoll switched off, interleaved\n"
+      "             with the row itself (rows named ROW/-FEATURE; repeatable): deadlines,\n"
+      "             telemetry, recorder. E.g. the telemetry's cost: -a ring -b 4K -e 64M --off telemetry\n"
       "  --csv FILE also write the table as CSV (rank 0)\n"
       "  -h, --help this text\n\n"
       "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"
@@ -136,6 +179,12 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
     else if (f == "-i") a.in_place = true;
     else if (f == "-t") a.max_seconds = std::stod(value());
     else if (f == "--csv") a.csv = value();
+    else if (f == "--off") {
+      const std::string feature = value();
+      if (std::find(kToggles.begin(), kToggles.end(), feature) == kToggles.end())
+        throw std::invalid_argument("unknown feature '" + feature + "' for --off (see --help)");
+      a.toggles.push_back(feature);
+    }
     else throw std::invalid_argument("unknown flag '" + f + "' (see --help)");
   }
   if (a.factor <= 1.0) throw std::invalid_argument("-f must be > 1");
@@ -162,6 +211,9 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
     a.algorithms.push_back(name);
     a.lossy.push_back(name);
   }
+  const std::vector<std::string> rows = a.algorithms;
+  for (const auto& feature : a.toggles)
+    for (const auto& row : rows) a.algorithms.push_back(row + "/-" + feature);
   a.algorithms.push_back("mpi");  // always measured: the reference column
   return true;
 }
@@ -193,8 +245,9 @@ double wire_of_run(MpiCommunicator& comm, const std::function<void()>& run) {
   return sum / comm.size();
 }
 
-bool is_lossy(const Args& a, const std::string& algo) {
-  return std::find(a.lossy.begin(), a.lossy.end(), algo) != a.lossy.end();
+bool is_lossy(const Args& a, const std::string& row) {
+  const std::string variant = row.substr(0, row.find("/-"));  // a twin row runs the same variant
+  return std::find(a.lossy.begin(), a.lossy.end(), variant) != a.lossy.end();
 }
 
 // Runs once on fresh inputs; counts wrong elements (bitwise, or for lossy variants outside
@@ -208,7 +261,7 @@ Row check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, c
     b.fill_input(buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
   if (!a.in_place) std::memset(buf.out, 0xA5, out_bytes);
   Row row;
-  row.wire = wire_of_run(comm, [&] { b.run(comm, algo, buf, count, a.dtype, a.op, a.root, a.in_place); });
+  row.wire = wire_of_run(comm, [&] { run_row(comm, b, a, algo, buf, count); });
   if (!is_lossy(a, algo)) b.fill_expected(expected, count, a.dtype, a.op, rank, p, a.root);
   const std::size_t es = dtype_size(a.dtype), n = out_bytes / es;
   const void* result = a.in_place ? buf.in : buf.out;
@@ -259,7 +312,7 @@ std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, co
       rows[k] = check_once(comm, b, a, algos[k], bufs[k], count, expected, out_bytes);
   b.fill_input(exact_buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
   if (!a.lossy.empty()) fill_gradient(lossy_in, b.in_count(count, p), a.dtype, rank);
-  auto run_once = [&](std::size_t k) { b.run(comm, algos[k], bufs[k], count, a.dtype, a.op, a.root, a.in_place); };
+  auto run_once = [&](std::size_t k) { run_row(comm, b, a, algos[k], bufs[k], count); };
   if (!a.check && a.z_columns)
     for (std::size_t k = 0; k < n_algos; ++k) rows[k].wire = wire_of_run(comm, [&] { run_once(k); });
   for (std::size_t k = 0; k < n_algos; ++k)

@@ -8,7 +8,8 @@ the script prints one table row per configuration and saves the loss curves:
 - ``gloo``          DDP on gloo (MASTER_ADDR/PORT: localhost, a free port from rank 0 via mpi4py)
 - ``zcoll``         DDP on zcoll, uncompressed (its built-in allreduce path)
 - ``int8``, ``int4``, ``sign``, ``top1%``: zcoll with a compression hook, error feedback on
-                    (``zcoll.GradientQuantizer(bits=8|4|1)``, ``zcoll.TopK(0.01)``)
+                    (``zcoll.GradientQuantizer(bits=8|4|1)``, ``zcoll.TopK(0.01)``), the first
+                    10% of the updates uncompressed, then momentum correction (docs/compression.md)
 - ``accum4``        zcoll, ``zcoll.torch.optim.Adam(gradient_accumulation_steps=4, model=ddp)``:
                     4 micro-batches of a quarter of the batch per update, one allreduce per update
 - ``accum4-every``  the same without ``model=``: the same updates, but every backward communicates
@@ -154,15 +155,16 @@ def train(name, args, world, groups, data):
     group = groups["gloo" if name == "gloo" else "zcoll"]
     model = DDP(make_net(args.seed), process_group=group)
     micro = 4 if name.startswith("accum4") else 1
-    compression = None
-    if name in COMPRESSORS:
-        compression = zcoll.torch.apply_gradient_compression(model, COMPRESSORS[name]())
     opt = zcoll.torch.optim.Adam(
         model.parameters(),
         lr=args.lr,
         gradient_accumulation_steps=micro,
         model=model if name == "accum4" else None,
     )
+    compression = None
+    if name in COMPRESSORS:  # the first 10% of the updates uncompressed, then momentum correction
+        warmup = max(1, args.epochs * (len(xtr) // (args.batch * size)) // 10)
+        compression = zcoll.torch.apply_gradient_compression(model, COMPRESSORS[name](), warmup, optimizer=opt)
     ckpt = Path(args.checkpoint_dir, name) if args.checkpoint_dir else None
     state = {"model": model, "optimizer": opt, "compression_state": compression}
     run = Progress()

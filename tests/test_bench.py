@@ -16,7 +16,7 @@ BENCHES = {  # binary: the algorithms it measures besides mpi
     "broadcast": ["tree"],
 }
 SMALL = ["-b", "4", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-c", "1"]  # 5 sizes: 4 B .. 16 KiB
-FLAGS = ["-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-a", "-r", "-i", "-t", "--csv", "-h", "--help"]
+FLAGS = ["-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-a", "-r", "-i", "-t", "--off", "--csv", "-h", "--help"]
 
 
 def binary(name: str) -> str:
@@ -63,6 +63,17 @@ def test_checked_run_options(name, flags):
         assert {r.type for r in rows} == {flags[flags.index("-d") + 1]}
     if "-a" in flags:
         assert {r.algorithm for r in rows} == set(flags[flags.index("-a") + 1].split(",")) | {"mpi"}
+
+
+def test_feature_off_twin_rows():
+    """--off FEATURE: every row has a twin run with the feature off, interleaved, both checked."""
+    rows = run_bench("allreduce", 2, "-a", "ring,shm,mpi", "--off", "deadlines", "--off", "telemetry",
+                     "--off", "recorder")
+    assert {r.algorithm for r in rows} == {
+        "ring", "shm", "mpi", *(f"{a}/-{f}" for a in ("ring", "shm") for f in ("deadlines", "telemetry", "recorder"))
+    }
+    rc, out = run([binary("allreduce"), "--off", "coffee"])
+    assert rc != 0 and "unknown feature 'coffee' for --off" in out, out
 
 
 def test_csv(tmp_path):

@@ -36,12 +36,19 @@ namespace py = pybind11;
 namespace zcoll::bindings {
 namespace {
 
-// A root rank: a Python int. Its range is checked by the C++ entry point, which names the ranks.
+// A root rank: a Python int or anything with __index__ (numpy integers), not a bool. Its range
+// is checked by the C++ entry point, which names the ranks; values beyond int fail here.
 int to_root(py::handle h, int size) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o) || !PyIndex_Check(o))
+    throw std::invalid_argument(detail::concat("root must be an int (a rank in 0..", size - 1, "), got ",
+                                               Py_TYPE(o)->tp_name));
+  PyObject* index = PyNumber_Index(o);  // a new reference, or null (numpy's bool refuses)
   int overflow = 0;
-  const long v =
-      PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) ? PyLong_AsLongAndOverflow(h.ptr(), &overflow) : 0;
-  if (!PyLong_Check(h.ptr()) || PyBool_Check(h.ptr()) || overflow || v < INT_MIN || v > INT_MAX)
+  const long long v = index ? PyLong_AsLongLongAndOverflow(index, &overflow) : 0;
+  Py_XDECREF(index);
+  if (!index) PyErr_Clear();
+  if (!index || overflow || v < INT_MIN || v > INT_MAX)
     throw std::invalid_argument(detail::concat("root ", py::repr(h).cast<std::string>(), " out of range for ",
                                                size, " ranks (valid: an int in 0..", size - 1, ")"));
   return static_cast<int>(v);

@@ -5,12 +5,20 @@
 // communicator, since collection happens in a different order on every rank. Python's atexit
 // handler (communicator.py) frees the live ones before MPI_Finalize.
 #include <mpi.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include "bindings.h"
 #include "bindings/enums.h"
 #include "comm/topology.h"
 #include "common/check.h"
+#include "collectives/link_stats.h"
+#include "comm/dump.h"
 
 namespace py = pybind11;
 
@@ -83,6 +91,9 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           "How many times faster the ordered ring's slowest hop is than rank order's (1.0 without a topology).")
       .def_property_readonly("freed", &CommHandle::freed)
       .def_property_readonly(
+          "id", [](CommHandle& c) { return c.comm().id(); },
+          "Names this communicator alike on every rank (flight-recorder dump files carry it).")
+      .def_property_readonly(
           "wait_policy",
           [](CommHandle& c) { return c.comm().wait_policy() == WaitPolicy::kYield ? "yield" : "spin"; },
           "'spin' or 'yield' (ZCOLL_WAIT; auto yields when ranks outnumber this node's cores).")
@@ -96,6 +107,22 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           "pipeline_depth", [](const CommHandle& c) { return c.pipeline.depth; },
           [](CommHandle& c, int v) { c.pipeline.depth = v; },
           "Receives posted ahead (0: ZCOLL_PIPELINE_DEPTH).")
+      .def_property(
+          "timeout", [](CommHandle& c) { return c.comm().watchdog().timeout(); },
+          [](CommHandle& c, py::object seconds) {
+            c.comm().watchdog().set_timeout(seconds.is_none() ? 0.0 : seconds.cast<double>());
+          },
+          "Seconds a collective may wait for other ranks before every rank raises zcoll.TimeoutError "
+          "(0 or None: never). Default: ZCOLL_TIMEOUT (600).")
+      .def_property_readonly(
+          "broken", [](CommHandle& c) { return !c.freed() && c.comm().watchdog().broken(); },
+          "True once a TimeoutError broke this communicator (every later call raises BrokenError).")
+      .def(
+          "abort",
+          [](CommHandle& c, const std::string& reason) { c.comm().watchdog().request_abort(reason); },
+          py::arg("reason") = "aborted by the caller",
+          "Makes the running collective of this communicator (or its next one) fail on every rank with "
+          "zcoll.TimeoutError naming `reason`; safe from any thread. The communicator is broken afterwards.")
       .def("free", &CommHandle::free, py::call_guard<py::gil_scoped_release>(),
            "Releases the MPI communicator (collective: every rank must call it). Idempotent.")
       .def(
@@ -118,6 +145,51 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
       py::arg("bandwidth"),
       "The ring order (from rank 0) whose slowest hop is fastest, then whose summed hop time is smallest, "
       "for a p x p matrix of bytes/s (row sends to column; the diagonal is ignored): csrc/comm/topology.h.");
+  cls.def_property(
+         "telemetry", [](CommHandle& c) { return c.comm().telemetry().enabled(); },
+         [](CommHandle& c, bool on) { c.comm().telemetry().set_enabled(on); },
+         "Whether messages and collectives are timed for link_stats() (default ZCOLL_TELEMETRY, on).")
+      .def(
+          "_link_stats_rows",
+          [](CommHandle& c, bool reset) {
+            MpiCommunicator& comm = c.comm();
+            std::vector<std::int64_t> rows;
+            {
+              py::gil_scoped_release release;
+              rows = gather_link_stats(comm, reset);
+            }
+            const auto p = static_cast<py::ssize_t>(comm.size());
+            py::array_t<std::int64_t> out({p, static_cast<py::ssize_t>(link_stats_row_length(comm.size()))});
+            std::copy(rows.begin(), rows.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("reset") = false,
+          "Collective: every rank's raw telemetry row (collectives/link_stats.h); see link_stats().");
+  cls.def(
+      "dump", [](CommHandle& c, const std::string& reason) { return dump_communicator(c.comm(), reason); },
+      py::arg("reason") = "zcoll.Communicator.dump()",
+      "Writes this communicator's flight recorder to a JSON file; returns its path ('' when the recorder is off).");
+  m.def("dump_all", &dump_all, py::arg("reason") = "zcoll.dump()", py::call_guard<py::gil_scoped_release>(),
+        "Writes the flight recorder of every live communicator of this process; returns the paths.");
+  m.def("dump_directory", &dump_directory, "Where flight-recorder dumps go (ZCOLL_DUMP_DIR).");
+  m.def(
+      "exit_if_stuck",
+      [](double seconds, int status) {
+        std::thread([seconds, status] {
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+          std::fprintf(stderr,
+                       "zcoll: this process did not end within %g s of exiting with a broken communicator "
+                       "(MPI_Finalize waiting for a lost rank?): exiting with status %d\n",
+                       seconds, status);
+          std::fflush(stderr);
+          _exit(status);
+        }).detach();
+      },
+      py::arg("seconds"), py::arg("status"),
+      "Ends the process with `status` unless it has ended by itself within `seconds` (a C++ thread, "
+      "alive while Python finalizes).");
+  m.def("broken_count", &Watchdog::broken_count,
+        "Communicators of this process that a failure (zcoll.TimeoutError) broke so far.");
   m.def("mpi_initialized", [] {
     int flag = 0;
     MPI_Initialized(&flag);

@@ -35,9 +35,10 @@ CompressionOptions make_options(py::handle kind, int bits, py::handle block, boo
   CompressionOptions o;
   o.kind = to_compression(kind);
   o.bits = bits;
-  const long long b = PyLong_Check(block.ptr()) ? PyLong_AsLongLong(block.ptr()) : 0;
+  int overflow = 0;  // beyond 64 bits: refused like any other bad block (it was an OverflowError)
+  const long long b = PyLong_Check(block.ptr()) ? PyLong_AsLongLongAndOverflow(block.ptr(), &overflow) : 0;
   if (PyErr_Occurred()) throw py::error_already_set();
-  ZCOLL_REQUIRE(b > 0, "quantization block must be a positive integer, got ",
+  ZCOLL_REQUIRE(b > 0 && !overflow, "quantization block must be a positive integer below 2^63, got ",
                 py::repr(block).cast<std::string>());
   o.block = static_cast<std::size_t>(b);
   o.stochastic = stochastic;
@@ -116,6 +117,12 @@ std::size_t decode(const BoundPayload& p, py::handle out) {
   const Buffer y = acquire(out, "out", Access::kWrite);
   ZCOLL_REQUIRE(y.dtype() == p.dtype && y.count() == p.count, "out: expected ", p.count, " ",
                 dtype_name(p.dtype), " elements, got ", y.count(), " ", dtype_name(y.dtype()));
+  // The payload's arrays are numpy views of its bytes: decoding into one would overwrite what
+  // is still to be read (found by tests/mpi/fuzz.py).
+  const auto wire = reinterpret_cast<std::uintptr_t>(p.wire.bytes.data());
+  const auto dst = reinterpret_cast<std::uintptr_t>(y.data());
+  ZCOLL_REQUIRE(y.nbytes() == 0 || dst + y.nbytes() <= wire || wire + p.wire.bytes.size() <= dst,
+                "out shares memory with the payload being decoded; pass an out of its own");
   MaybeReleaseGil gil(y.nbytes() >= kGilFreeBytes);
   return decode_payload(p.wire, p.count, p.dtype, p.options, y.data());
 }

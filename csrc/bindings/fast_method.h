@@ -10,11 +10,12 @@
 
 namespace zcoll::bindings {
 
-// Sets the Python error for the C++ exception being handled: ZcollError, MismatchError,
-// ValueError (std::invalid_argument), pybind11's own exceptions, MemoryError, RuntimeError.
+// Sets the Python error for the C++ exception being handled: TimeoutError / RankLostError (with
+// their attributes), BrokenError, ZcollError, MismatchError, ValueError (std::invalid_argument),
+// pybind11's own exceptions, MemoryError, RuntimeError.
 void set_python_error() noexcept;
-// The Python types of zcoll::Error and zcoll::MismatchError (module.cc registers them).
-void set_exception_types(PyObject* zcoll_error, PyObject* mismatch_error);
+// zcoll's exception types, created and registered once by module.cc (register_exceptions).
+void register_exceptions(pybind11::module_& m);
 
 // fastcall<Fn, N>: a METH_FASTCALL method taking exactly N positional arguments that calls
 // Fn(the CommHandle of self, args) and returns None.

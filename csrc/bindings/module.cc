@@ -10,9 +10,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "zcoll private extension (use the zcoll package)";
   m.attr("__version__") = ZCOLL_VERSION;
   m.attr("with_cuda") = bool(ZCOLL_WITH_CUDA);
-  auto& zcoll_error = pybind11::register_exception<zcoll::Error>(m, "ZcollError", PyExc_RuntimeError);
-  auto& mismatch = pybind11::register_exception<zcoll::MismatchError>(m, "MismatchError", PyExc_ValueError);
-  zcoll::bindings::set_exception_types(zcoll_error.ptr(), mismatch.ptr());
+  zcoll::bindings::register_exceptions(m);
   zcoll::bindings::bind_enums(m);
   auto comm = zcoll::bindings::bind_comm(m);
   zcoll::bindings::bind_collectives(m, comm);

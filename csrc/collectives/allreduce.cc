@@ -3,6 +3,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/hierarchy.h"
+#include "collectives/call_scope.h"
 #include "common/check.h"
 #include "kernels/reduce.h"
 
@@ -43,10 +44,12 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
   header.count = static_cast<long long>(count);
   header.algorithm = static_cast<long long>(algorithm);
   if (algorithm == Algorithm::kOrderedRing) header.ring_order = static_cast<long long>(comm.topology().fingerprint);
+  const detail::CallScope scope(comm, {"allreduce", count, dtype, algorithm_name(algorithm), op_name(options.op)});
   detail::check_same_call(comm, header, options.check_args);
   comm.stats().collectives += 1;
   if (count == 0) return algorithm;
   if (algorithm == Algorithm::kMpi) {
+    comm.recorder().mark_in_progress();
     comm.native_allreduce(in, out, count, dtype, options.op);
     return algorithm;
   }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/call_scope.h"
 #include "collectives/compressed.h"
 #include "collectives/hierarchy.h"
 #include "common/check.h"
@@ -14,6 +15,20 @@
 
 namespace zcoll {
 namespace {
+
+// The compression as the flight recorder names it (a literal: records keep the pointer).
+const char* kind_literal(Compression kind) {
+  switch (kind) {
+    case Compression::kNone: return "";
+    case Compression::kFp16: return "fp16";
+    case Compression::kBf16: return "bf16";
+    case Compression::kQuantize: return "quantize";
+    case Compression::kTopK: return "topk";
+    case Compression::kRandomK: return "randomk";
+    case Compression::kThreshold: return "threshold";
+  }
+  return "";
+}
 
 bool is_sparse(Compression kind) {
   return kind == Compression::kTopK || kind == Compression::kRandomK || kind == Compression::kThreshold;
@@ -122,6 +137,8 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
   ZCOLL_REQUIRE(o.algorithm != Algorithm::kHierarchical || comm.ranks_per_node() > 0,
                 "algorithm 'hierarchical' needs the same number of ranks on every node, not ", detail::node_sizes(comm),
                 "; leave algorithm='auto' for the compressed ring");
+  const detail::CallScope scope(comm, {o.kind == Compression::kNone ? "allreduce" : "allreduce_compressed", count, dtype,
+                                       kind_literal(o.kind), op_name(o.op)});
   if (o.kind != Compression::kNone) detail::check_same_call(comm, call_header(o, dtype, count), o.check_args);
   CompressionStats stats;
   const int p = comm.size();

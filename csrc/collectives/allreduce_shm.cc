@@ -74,6 +74,7 @@ void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t co
   // Traffic counter: the bytes other ranks read from this rank's region (staged sub-blocks,
   // then this rank's results), 2(p-1)/p S like a ring; (p-1) S for a one-shot block.
   std::uint64_t& bytes_sent = comm.stats().bytes_sent;
+  comm.recorder().mark_in_progress();
 
   for (std::size_t begin = 0; begin < count; begin += layout.block_elems) {
     const detail::Range block{begin, std::min(layout.block_elems, count - begin)};

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/call_scope.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "kernels/reduce.h"
@@ -64,6 +65,7 @@ std::size_t block_begin(std::size_t count, int parts, int index) {
 void reduce_scatter(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                     const ReduceOptions& options) {
   validate_op(dtype, options.op);
+  const detail::CallScope scope(comm, {"reduce_scatter", count, dtype, "ring", op_name(options.op)});
   maybe_check(comm, options.check_args, detail::Collective::kReduceScatter, dtype, options.op, count, 0);
   comm.stats().collectives += 1;
   const std::size_t mine = block_count(count, comm.size(), comm.rank());
@@ -77,6 +79,7 @@ void reduce_scatter(Communicator& comm, const void* in, void* out, std::size_t c
 
 void allgather(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                const CollectiveOptions& options) {
+  const detail::CallScope scope(comm, {"allgather", count, dtype, "ring"});
   maybe_check(comm, options.check_args, detail::Collective::kAllgather, dtype, ReduceOp::kSum, count, 0);
   comm.stats().collectives += 1;
   if (count == 0) return;
@@ -90,6 +93,7 @@ void allgather(Communicator& comm, const void* in, void* out, std::size_t count,
 void broadcast(Communicator& comm, void* buf, std::size_t count, DType dtype,
                const CollectiveOptions& options) {
   require_root(comm, options.root);
+  const detail::CallScope scope(comm, {"broadcast", count, dtype, "tree", "", options.root});
   maybe_check(comm, options.check_args, detail::Collective::kBroadcast, dtype, ReduceOp::kSum, count,
               options.root);
   comm.stats().collectives += 1;
@@ -101,6 +105,7 @@ void reduce(Communicator& comm, const void* in, void* out, std::size_t count, DT
             const ReduceOptions& options) {
   validate_op(dtype, options.op);
   require_root(comm, options.root);
+  const detail::CallScope scope(comm, {"reduce", count, dtype, "tree", op_name(options.op), options.root});
   maybe_check(comm, options.check_args, detail::Collective::kReduce, dtype, options.op, count, options.root);
   comm.stats().collectives += 1;
   if (count == 0) return;
@@ -112,6 +117,7 @@ void reduce(Communicator& comm, const void* in, void* out, std::size_t count, DT
 }
 
 void barrier(Communicator& comm) {
+  const detail::CallScope scope(comm, {"barrier", 0, DType::kUInt8, "dissemination"});
   comm.stats().collectives += 1;
   if (comm.size() > 1) barrier_dissemination(comm);
 }

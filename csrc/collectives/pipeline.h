@@ -34,6 +34,7 @@
 #include <cstddef>
 
 #include "collectives/options.h"
+#include "comm/backoff.h"
 #include "comm/communicator.h"
 #include "common/check.h"
 
@@ -83,6 +84,7 @@ enum Tag : int {
   kTagSparsePairs,              // top-k (index, value) blocks
   kTagCompressedRing,           // compressed ring payloads
   kTagHierarchical,             // the hierarchical allreduce (both lanes) and its node sums
+  kTagClock,                    // link_stats' clock-offset ping-pong (link_stats.cc)
 };
 
 // Up to two peers per unit: what a binary tree needs (two children); every other schedule uses one.
@@ -121,16 +123,57 @@ struct ScheduleBase {
   void on_received(std::size_t, const Slots&) {}
 };
 
-// Every message of every schedule passes here: the one place that sees peer, bytes and tag.
+// Every message of every schedule passes here: the one place that sees peer, bytes and tag, and
+// reports each message to the flight recorder (comm/flight_recorder.h) and the link telemetry
+// (comm/telemetry.h: sends when posted, receives when complete). Waits end at the call's
+// deadline inside the transport (comm/watchdog.h).
 class Channel {
  public:
   Channel(Communicator& comm, int tag) : comm_(comm), tag_(tag) {}
-  Request send(const Transfer& t) { return comm_.isend(t.buf, t.bytes, t.peer, tag_); }
-  Request recv(void* buf, const Transfer& t) { return comm_.irecv(buf, t.bytes, t.peer, tag_); }
-  void complete(Request& r) { comm_.wait(r); }
+  Request send(const Transfer& t) { return posted(comm_.isend(t.buf, t.bytes, t.peer, tag_), t.bytes, true); }
+  Request recv(void* buf, const Transfer& t) { return posted(comm_.irecv(buf, t.bytes, t.peer, tag_), t.bytes, false); }
+  void complete(Request& r) {
+    if (!r.active) return;
+    comm_.recorder().waiting_for(r.peer);
+    comm_.wait(r);
+    completed(r);
+  }
+  // Waits for `r`; with the telemetry on, notes the other posted receives `recvs[0..n)` as they
+  // complete meanwhile. A rank held up by one slow link (a send that drains slowly, a receive
+  // that arrives late) would otherwise see its other incoming messages only when it gets back to
+  // them, and their links would look slow too.
+  // Only receives from other peers are watched (one peer's messages complete in order), so a
+  // ring, whose receives all come from one peer, waits in the transport as without telemetry.
+  void complete_watching(Request& r, Request* recvs, std::size_t n) {
+    if (!r.active) return;
+    auto watched = [&](const Request& o) { return &o != &r && o.active && o.peer != r.peer; };
+    if (!comm_.telemetry().enabled() || std::none_of(recvs, recvs + n, watched)) return complete(r);
+    comm_.recorder().waiting_for(r.peer);
+    Backoff backoff(comm_.oversubscribed());
+    while (!comm_.test(r)) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (watched(recvs[i]) && comm_.test(recvs[i])) completed(recvs[i]);
+      backoff.pause();
+      comm_.watchdog().poll(r.peer);
+    }
+    completed(r);
+  }
+  void cancel(Request& r) noexcept { comm_.cancel(r); }
   Communicator& comm() { return comm_; }
 
  private:
+  void completed(const Request& r) {
+    comm_.recorder().completed(r.peer, r.bytes, r.send);
+    if (!r.send) comm_.telemetry().received(r.peer, r.bytes);
+  }
+  Request posted(Request r, std::size_t bytes, bool send) {
+    r.bytes = bytes;
+    r.send = send;
+    comm_.recorder().posted(r.peer, bytes, send);
+    if (send) comm_.telemetry().sent(r.peer, bytes);
+    return r;
+  }
+
   Communicator& comm_;
   int tag_;
 };
@@ -167,25 +210,35 @@ void run_pipeline(Communicator& comm, Schedule& schedule, const PipelineOptions&
     }
   };
   auto wait_sends = [&](std::size_t keep) {
-    while (sends_end - sends_begin > keep) channel.complete(sends[sends_begin++ % kMaxSends]);
+    while (sends_end - sends_begin > keep)
+      channel.complete_watching(sends[sends_begin++ % kMaxSends], &recvs[0][0], depth * kMaxPeers);
   };
 
-  for (std::size_t u = 0; u < depth; ++u) post_recvs(u);
-  for (std::size_t u = 0; u < num_units; ++u) {
-    schedule.before_send(u);
-    const Unit unit = schedule.unit(u);
-    for (const Transfer& t : unit.send) {
-      if (t.bytes == 0) continue;
-      wait_sends(send_window - 1);
-      sends[sends_end++ % kMaxSends] = channel.send(t);
+  try {
+    for (std::size_t u = 0; u < depth; ++u) post_recvs(u);
+    for (std::size_t u = 0; u < num_units; ++u) {
+      schedule.before_send(u);
+      const Unit unit = schedule.unit(u);
+      for (const Transfer& t : unit.send) {
+        if (t.bytes == 0) continue;
+        wait_sends(send_window - 1);
+        sends[sends_end++ % kMaxSends] = channel.send(t);
+      }
+      if (unit.wait_sends_first) wait_sends(0);
+      const std::size_t s = u % depth;
+      for (Request& r : recvs[s]) channel.complete_watching(r, &recvs[0][0], depth * kMaxPeers);
+      schedule.on_received(u, slots[s]);
+      post_recvs(u + depth);
     }
-    if (unit.wait_sends_first) wait_sends(0);
-    const std::size_t s = u % depth;
-    for (Request& r : recvs[s]) channel.complete(r);
-    schedule.on_received(u, slots[s]);
-    post_recvs(u + depth);
+    wait_sends(0);
+  } catch (...) {
+    // A failed call (a peer lost, a deadline, a bad message): nothing it posted may write into
+    // the caller's buffers later or be matched by a later call.
+    for (auto& unit_recvs : recvs)
+      for (Request& r : unit_recvs) channel.cancel(r);
+    for (Request& r : sends) channel.cancel(r);
+    throw;
   }
-  wait_sends(0);
 }
 
 }  // namespace zcoll::detail

@@ -86,7 +86,10 @@ std::string what_of(const std::exception_ptr& e) {
 
 // ---- InProcCommunicator ---------------------------------------------------------------------
 
-InProcCommunicator::InProcCommunicator(InProcGroup& group, int rank) : group_(group), rank_(rank) {}
+InProcCommunicator::InProcCommunicator(InProcGroup& group, int rank) : group_(group), rank_(rank) {
+  watchdog_.set_timeout(group.options().timeout_seconds);
+  set_identity(concat("inproc-", group.id()), rank, group.size());
+}
 InProcCommunicator::~InProcCommunicator() = default;
 
 int InProcCommunicator::size() const { return group_.size(); }
@@ -107,6 +110,10 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
   op.tag = tag;
   op.buf = buf;
   op.bytes = bytes;
+  Request request;
+  request.handle = handle;
+  request.peer = peer;
+  request.active = true;
   InProcMailbox& box = group_.mailbox(op.dst);
   {
     std::lock_guard<std::mutex> lock(box.mu);
@@ -126,7 +133,7 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
     }
   }
   group_.progress_.fetch_add(1, std::memory_order_relaxed);
-  return Request{handle, true};
+  return request;
 }
 
 Request InProcCommunicator::isend(const void* buf, std::size_t bytes, int peer, int tag) {
@@ -167,14 +174,23 @@ void InProcCommunicator::wait(Request& request) {
   Op& op = find(request);
   InProcMailbox& box = group_.mailbox(op.dst);
   set_waiting(&op, false);
-  {
-    std::unique_lock<std::mutex> lock(box.mu);
-    box.cv.wait(lock, [&] { return op.done || group_.aborted(); });
-    if (group_.aborted()) {
-      lock.unlock();
-      set_waiting(nullptr, false);
-      group_.throw_aborted();
+  try {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(box.mu);
+        auto ready = [&] { return op.done || group_.aborted(); };
+        if (watchdog_.enabled())
+          box.cv.wait_for(lock, std::chrono::nanoseconds(watchdog_.check_interval_ns()), ready);
+        else
+          box.cv.wait(lock, ready);
+        if (op.done && !group_.aborted()) break;
+      }
+      transport_check();
+      watchdog_.check(request.peer);  // the deadline, lost ranks, announcements
     }
+  } catch (...) {
+    set_waiting(nullptr, false);
+    throw;
   }
   set_waiting(nullptr, false);
   finish(request);
@@ -191,6 +207,33 @@ bool InProcCommunicator::test(Request& request) {
   }
   finish(request);
   return true;
+}
+
+// An unmatched operation leaves its queue (nothing will ever copy into or out of its buffer); a
+// matched one is already complete. Either way this rank forgets it.
+void InProcCommunicator::cancel(Request& request) noexcept {
+  if (!request.active) return;
+  request.active = false;
+  auto it = ops_.find(request.handle);
+  if (it == ops_.end()) return;
+  Op& op = *it->second;
+  InProcMailbox& box = group_.mailbox(op.dst);
+  {
+    std::lock_guard<std::mutex> lock(box.mu);
+    if (!op.done) {
+      auto& queues = op.is_send ? box.sends : box.recvs;
+      auto q = queues.find({op.src, op.tag});
+      if (q != queues.end()) {
+        auto& waiting = q->second;
+        for (auto w = waiting.begin(); w != waiting.end(); ++w)
+          if (*w == &op) {
+            waiting.erase(w);
+            break;
+          }
+      }
+    }
+  }
+  ops_.erase(it);
 }
 
 SharedArena* InProcCommunicator::shared_arena() {
@@ -223,9 +266,34 @@ SharedArena* InProcCommunicator::shared_arena() {
   group_.progress_.fetch_add(1, std::memory_order_relaxed);
   arena_.region_bytes = data_bytes;
   arena_.yield_when_waiting = oversubscribed();
-  arena_.cancelled = &group_.aborted_;
+  arena_.watchdog = &watchdog_;
   arena_ready_ = true;
   return &arena_;
+}
+
+bool InProcCommunicator::peer_alive(int peer) { return !group_.lost(peer); }
+
+std::string InProcCommunicator::describe_peer(int peer) {
+  return group_.lost(peer) ? "marked lost (InProcGroup::mark_lost)" : "";
+}
+
+void InProcCommunicator::announce(const PeerStatus& status) {
+  std::lock_guard<std::mutex> lock(group_.mu_);
+  for (int r = 0; r < size(); ++r)
+    if (r != rank_) group_.announcements_[static_cast<std::size_t>(r)].push_back(status);
+}
+
+bool InProcCommunicator::next_announcement(PeerStatus& status) {
+  std::lock_guard<std::mutex> lock(group_.mu_);
+  auto& queue = group_.announcements_[static_cast<std::size_t>(rank_)];
+  if (queue.empty()) return false;
+  status = queue.front();
+  queue.pop_front();
+  return true;
+}
+
+void InProcCommunicator::transport_check() {
+  if (group_.aborted()) group_.throw_aborted();
 }
 
 std::string InProcCommunicator::waiting_for() const {
@@ -238,9 +306,14 @@ std::string InProcCommunicator::waiting_for() const {
 // ---- InProcGroup ----------------------------------------------------------------------------
 
 InProcGroup::InProcGroup(int size, const InProcOptions& options) : options_(options) {
+  static std::atomic<int> groups{0};
+  id_ = ++groups;
   ZCOLL_REQUIRE(size >= 1, "an in-process group needs at least one rank, not ", size);
+  size_ = size;
   cpus_ = options.cpus > 0 ? options.cpus : process_cpus();
   arena_regions_.assign(static_cast<std::size_t>(size), nullptr);
+  lost_.assign(static_cast<std::size_t>(size), false);
+  announcements_.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) mailboxes_.push_back(std::make_unique<InProcMailbox>());
   for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<InProcCommunicator>(*this, r));
   if (!options.nodes.empty()) {
@@ -272,6 +345,16 @@ void InProcGroup::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(box->mu);
     box->cv.notify_all();
   }
+}
+
+void InProcGroup::mark_lost(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_.at(static_cast<std::size_t>(rank)) = true;
+}
+
+bool InProcGroup::lost(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_.at(static_cast<std::size_t>(rank));
 }
 
 void InProcGroup::throw_aborted() const {

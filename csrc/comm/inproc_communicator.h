@@ -20,12 +20,18 @@
 // posted: irecv; isend; wait(send); wait(recv) on every rank of a ring completes.
 //
 // wait() blocks on the mailbox's condition variable (no spinning, so oversubscription costs
-// nothing here), test() only looks. A communicator is used by one thread at a time, like an
-// MPI rank.
+// nothing here), waking every Watchdog::check_interval_ns() to run the watchdog's checks
+// (deadline, lost ranks, announcements: comm/watchdog.h); test() only looks. A communicator is
+// used by one thread at a time, like an MPI rank.
+//
+// Failure detection for the watchdog: announcements go into per-rank queues of the group;
+// InProcGroup::mark_lost(r) makes rank r's peers see it as a dead process (a test's way to
+// "kill" a rank: its thread stops calling zcoll, as a killed process would). Each
+// communicator's deadline is InProcOptions::timeout_seconds (not ZCOLL_TIMEOUT).
 //
 // Failure and abort. InProcGroup::abort(reason) marks the group aborted and wakes every waiter:
 // waits and tests (blocked or later), posts, shared_arena()'s allocation and the shared arena's
-// flag waits (through SharedArena::cancelled) then throw GroupAborted. run_ranks aborts the
+// flag waits (through the watchdog's transport_check) then throw GroupAborted. run_ranks aborts the
 // group as soon as a rank throws, and also when no message has moved for
 // InProcOptions::stall_seconds (a deadlock), naming what every rank waits for; so a failing or
 // deadlocked algorithm never hangs the test program. Caveat, as with MPI, which keeps
@@ -45,6 +51,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -77,6 +84,7 @@ struct InProcOptions {
   std::vector<double> bandwidth;       // p x p link bandwidths (bytes/s, row sends to column) for
                                        // Communicator::topology(); empty: none (ZCOLL_TOPOLOGY is
                                        // not read here)
+  double timeout_seconds = 0.0;        // each communicator's deadline (<= 0: none)
 };
 
 class InProcGroup;
@@ -98,10 +106,17 @@ class InProcCommunicator final : public Communicator {
   Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
   void wait(Request& request) override;
   bool test(Request& request) override;
+  void cancel(Request& request) noexcept override;
   bool oversubscribed() const override;
   bool has_shared_arena() const override;
   SharedArena* shared_arena() override;
+  bool peer_alive(int peer) override;
+  std::string describe_peer(int peer) override;
+  void announce(const PeerStatus& status) override;
+  bool next_announcement(PeerStatus& status) override;
+  void transport_check() override;
 
+  InProcGroup& group() { return group_; }
   // What this rank is blocked on, for the stall report ("" when not blocked).
   std::string waiting_for() const;
 
@@ -131,7 +146,8 @@ class InProcGroup {
   InProcGroup(const InProcGroup&) = delete;
   InProcGroup& operator=(const InProcGroup&) = delete;
 
-  int size() const { return static_cast<int>(comms_.size()); }
+  int size() const { return size_; }
+  int id() const { return id_; }  // numbers the groups of the process
   InProcCommunicator& comm(int rank) { return *comms_.at(static_cast<std::size_t>(rank)); }
   const InProcOptions& options() const { return options_; }
 
@@ -142,6 +158,10 @@ class InProcGroup {
   // Requests posted or completed so far (the watchdog's measure of progress).
   std::uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
   int cpus() const { return cpus_; }
+  // Rank r's process is gone, as far as its peers' watchdogs can tell (their peer_alive(r) is
+  // false from now on). The rank's thread should stop calling zcoll.
+  void mark_lost(int rank);
+  bool lost(int rank) const;
 
  private:
   friend class InProcCommunicator;
@@ -149,6 +169,8 @@ class InProcGroup {
   [[noreturn]] void throw_aborted() const;
 
   InProcOptions options_;
+  int size_ = 0;
+  int id_ = 0;
   int cpus_ = 1;
   std::vector<std::unique_ptr<detail::InProcMailbox>> mailboxes_;
   std::vector<std::unique_ptr<InProcCommunicator>> comms_;
@@ -159,6 +181,8 @@ class InProcGroup {
   std::string abort_reason_;
   std::vector<unsigned char*> arena_regions_;  // owned; freed by the destructor
   int arena_published_ = 0;
+  std::vector<bool> lost_;                           // guarded by mu_
+  std::vector<std::deque<PeerStatus>> announcements_;  // per receiving rank, guarded by mu_
 };
 
 // A rank's exception, as run_ranks rethrows it: "rank R of N: <what>", with the original.

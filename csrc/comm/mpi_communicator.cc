@@ -1,9 +1,13 @@
 #include "comm/mpi_communicator.h"
 
 #include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -134,6 +138,47 @@ WaitPolicy choose_wait_policy(bool oversubscribed) {
   return oversubscribed ? WaitPolicy::kYield : WaitPolicy::kSpin;
 }
 
+// The failure announcements' tag (on their own communicator).
+constexpr int kTagStatus = 1;
+
+// Two processes with the same identity see each other's pids: the same machine (machine_id())
+// and the same pid namespace (containers on one machine have their own).
+std::uint64_t machine_identity() {
+  std::string id = machine_id();
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) == 0) id += ":" + std::to_string(st.st_ino);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
+  return h | 1;
+}
+
+enum class ProcessState { kRunning, kStopped, kGone };
+
+// kill(pid, 0) says whether the pid exists; /proc says whether it is a zombie (killed, not yet
+// reaped by its launcher) or stopped.
+ProcessState process_state(std::int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return ProcessState::kGone;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return ProcessState::kRunning;
+  const auto paren = line.rfind(')');
+  const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : 'R';
+  if (state == 'Z' || state == 'X') return ProcessState::kGone;
+  if (state == 'T' || state == 't') return ProcessState::kStopped;
+  return ProcessState::kRunning;
+}
+
+Request active_request(std::uint64_t handle, int peer) {
+  Request request;
+  request.handle = handle;
+  request.peer = peer;
+  request.active = true;
+  return request;
+}
+
+// A power of two, so that every chunk but the last stays aligned.
+constexpr std::size_t kMaxMpiCount = std::size_t(1) << 30;
+
 int to_int_count(std::size_t bytes) {
   ZCOLL_CHECK_LE(bytes, static_cast<std::size_t>(INT_MAX), "one message must stay below 2 GiB");
   return static_cast<int>(bytes);
@@ -240,6 +285,20 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
   shm_allowed_ = env::get_bool(env::Var::kShm);
+  // Failure detection (the watchdog): an announcement channel and every rank's pid and machine.
+  ZCOLL_MPI_CHECK(MPI_Comm_dup(comm_, &oob_));
+  ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(oob_, MPI_ERRORS_RETURN));
+  // The third number names the communicator alike on every rank (rank 0's creation count).
+  static std::atomic<std::int64_t> created{0};
+  const std::int64_t mine[3] = {static_cast<std::int64_t>(getpid()), static_cast<std::int64_t>(machine_identity()),
+                                ++created};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size_));
+  ZCOLL_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, comm_));
+  for (int r = 0; r < size_; ++r) {
+    pids_.push_back(all[3 * r]);
+    machine_.push_back(static_cast<std::uint64_t>(all[3 * r + 1]));
+  }
+  set_identity(detail::concat(std::hex, machine_[0] & 0xfffff, std::dec, "-", pids_[0], "-", all[2]), rank_, size_);
 }
 
 // Never calls MPI: freeing a window or a communicator is collective, and destruction order
@@ -251,13 +310,19 @@ void MpiCommunicator::free() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
+  // A peer's failure announcement breaks the communicator for every rank, even one that has not
+  // waited since: the collective frees below would wait for ranks that may be gone.
+  int announced = 0;
+  MPI_Status st;
+  if (!finalized && oob_ != MPI_COMM_NULL) MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &announced, &st);
   MPI_Win window = arena_window_;
-  MPI_Comm comm = comm_;
+  MPI_Comm comm = comm_, oob = oob_;
   arena_window_ = MPI_WIN_NULL;
   arena_.regions.clear();
-  comm_ = MPI_COMM_NULL;
-  if (finalized) return;
+  comm_ = oob_ = MPI_COMM_NULL;
+  if (finalized || watchdog_.broken() || announced) return;
   if (window != MPI_WIN_NULL) ZCOLL_MPI_CHECK(MPI_Win_free(&window));
+  ZCOLL_MPI_CHECK(MPI_Comm_free(&oob));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
 }
 
@@ -287,6 +352,7 @@ SharedArena* MpiCommunicator::shared_arena() {
   }
   arena_.region_bytes = data_bytes;
   arena_.yield_when_waiting = wait_policy_ == WaitPolicy::kYield;
+  arena_.watchdog = &watchdog_;
   // Zero this rank's flags, then make sure every rank has done so before anyone polls them.
   for (int f = 0; f < kSharedFlags; ++f) new (&arena_.flags(rank_)[f]) SharedFlag();
   ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
@@ -298,13 +364,26 @@ Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int
   ZCOLL_MPI_CHECK(MPI_Isend(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
   stats_.bytes_sent += bytes;
   stats_.messages_sent += 1;
-  return Request{to_handle(r), true};
+  return active_request(to_handle(r), peer);
 }
 
 Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
   ZCOLL_MPI_CHECK(MPI_Irecv(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
-  return Request{to_handle(r), true};
+  return active_request(to_handle(r), peer);
+}
+
+void MpiCommunicator::check_wait(int rc, int peer) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0, error_class = 0;
+  MPI_Error_string(rc, text, &len);
+  MPI_Error_class(rc, &error_class);
+  bool lost = peer >= 0 && !peer_alive(peer);
+#ifdef MPIX_ERR_PROC_FAILED
+  lost = lost || error_class == MPIX_ERR_PROC_FAILED;
+#endif
+  watchdog_.fail_transport(peer, "MPI reported: " + std::string(text, len), lost);
 }
 
 void MpiCommunicator::wait(Request& request) {
@@ -312,9 +391,10 @@ void MpiCommunicator::wait(Request& request) {
   MPI_Request r = from_handle(request.handle);
   Backoff backoff(wait_policy_ == WaitPolicy::kYield);
   for (int done = 0;;) {
-    ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), request.peer);
     if (done) break;
     backoff.pause();
+    watchdog_.poll(request.peer);
   }
   request.active = false;
 }
@@ -323,19 +403,100 @@ bool MpiCommunicator::test(Request& request) {
   if (!request.active) return true;
   MPI_Request r = from_handle(request.handle);
   int done = 0;
-  ZCOLL_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+  check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), request.peer);
   if (done) request.active = false;
   return done != 0;
 }
 
+// MPI_Cancel, then MPI_Request_free: the cancellation completes in the background, and a
+// cancelled receive never writes into its buffer (for a send MPI only does its best).
+void MpiCommunicator::cancel(Request& request) noexcept {
+  if (!request.active) return;
+  request.active = false;
+  if (comm_ == MPI_COMM_NULL) return;
+  MPI_Request r = from_handle(request.handle);
+  if (r == MPI_REQUEST_NULL) return;
+  MPI_Cancel(&r);
+  MPI_Request_free(&r);
+}
+
+// MPI_Allreduce counts are ints: it runs once per chunk of at most kMaxMpiCount elements
+// (elements are reduced independently, so chunks give the same bits as one call). Chunks rather
+// than MPI-4's MPI_Allreduce_c: one path for every MPI library (those before MPI-4 lack the _c
+// calls), and zcoll's user ops (half types, float min/max) keep their int-count signature, which
+// a large-count call would need MPI_Op_create_c for. The cost: one more latency per 2^30
+// elements, next to the second or more it takes to move them. With the watchdog on, each chunk is
+// an MPI_Iallreduce waited for with the watchdog's polls (a blocking MPI_Allreduce could wait for
+// a stopped rank forever); off, MPI_Allreduce itself.
 void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                                        ReduceOp op) {
-  const void* send = in == out ? MPI_IN_PLACE : in;
-  ZCOLL_CHECK_LE(count, static_cast<std::size_t>(INT_MAX), "MPI_Allreduce count");
-  ZCOLL_MPI_CHECK(MPI_Allreduce(send, out, static_cast<int>(count), mpi_datatype(dtype),
-                                mpi_op(dtype, op), comm_));
+  const std::size_t elem = dtype_size(dtype);
+  for (std::size_t begin = 0; begin < count; begin += kMaxMpiCount) {
+    const int n = static_cast<int>(std::min(kMaxMpiCount, count - begin));
+    void* chunk_out = static_cast<unsigned char*>(out) + begin * elem;
+    const void* send = in == out ? MPI_IN_PLACE : static_cast<const unsigned char*>(in) + begin * elem;
+    if (!watchdog_.enabled()) {
+      ZCOLL_MPI_CHECK(MPI_Allreduce(send, chunk_out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_));
+      continue;
+    }
+    MPI_Request r;
+    ZCOLL_MPI_CHECK(MPI_Iallreduce(send, chunk_out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_, &r));
+    Backoff backoff(wait_policy_ == WaitPolicy::kYield);
+    for (int done = 0;;) {
+      check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), -1);
+      if (done) break;
+      backoff.pause();
+      watchdog_.poll();
+    }
+  }
   if (op == ReduceOp::kAvg) kernels::divide(out, count, dtype, size_);
   stats_.bytes_sent += 2 * count * dtype_size(dtype) * static_cast<std::size_t>(size_ - 1) / size_;
+}
+
+bool MpiCommunicator::same_machine(int peer) const {
+  return machine_[static_cast<std::size_t>(peer)] != 0 && machine_[static_cast<std::size_t>(peer)] == machine_[rank_];
+}
+
+bool MpiCommunicator::peer_alive(int peer) {
+  return !same_machine(peer) || process_state(pids_[static_cast<std::size_t>(peer)]) != ProcessState::kGone;
+}
+
+std::string MpiCommunicator::describe_peer(int peer) {
+  if (!same_machine(peer)) return "on another machine";
+  const std::int64_t pid = pids_[static_cast<std::size_t>(peer)];
+  switch (process_state(pid)) {
+    case ProcessState::kGone: return detail::concat("its process, pid ", pid, " on this machine, has exited");
+    case ProcessState::kStopped:
+      return detail::concat("its process, pid ", pid, " on this machine, is stopped: SIGSTOP or a debugger");
+    case ProcessState::kRunning: break;
+  }
+  return detail::concat("its process, pid ", pid, " on this machine, is running but not in a zcoll call");
+}
+
+void MpiCommunicator::announce(const PeerStatus& status) {
+  if (oob_ == MPI_COMM_NULL) return;
+  announced_ = status;  // the send buffer outlives the sends, which are never waited for
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request req;
+    if (MPI_Isend(&announced_, sizeof announced_, MPI_BYTE, r, kTagStatus, oob_, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+}
+
+bool MpiCommunicator::next_announcement(PeerStatus& status) {
+  if (oob_ == MPI_COMM_NULL) return false;
+  int flag = 0;
+  MPI_Status st;
+  ZCOLL_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &flag, &st));
+  if (!flag) return false;
+  int bytes = 0;
+  MPI_Get_count(&st, MPI_BYTE, &bytes);
+  std::vector<unsigned char> buf(static_cast<std::size_t>(bytes > 0 ? bytes : 1));
+  ZCOLL_MPI_CHECK(MPI_Recv(buf.data(), bytes, MPI_BYTE, st.MPI_SOURCE, kTagStatus, oob_, MPI_STATUS_IGNORE));
+  if (static_cast<std::size_t>(bytes) != sizeof status) return false;
+  std::memcpy(&status, buf.data(), sizeof status);
+  return true;
 }
 
 }  // namespace zcoll

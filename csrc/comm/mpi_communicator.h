@@ -6,15 +6,26 @@
 // a communication thread shares its core with compute. So wait() polls MPI_Test with a Backoff
 // (comm/backoff.h): spin for ~20 us, yield until 50 us, then sleep between polls.
 // ZCOLL_WAIT=spin|yield|auto picks how soon it yields (default auto: after 64 polls when the
-// ranks on this machine outnumber its cores, after the spin phase otherwise).
+// ranks on this machine outnumber its cores, after the spin phase otherwise). Every wait polls the
+// watchdog (comm/watchdog.h) between MPI_Tests, so it ends at the call's deadline or when a peer
+// is lost; the "mpi" algorithm runs MPI_Iallreduce and waits the same way.
 //
 // Nodes: ranks share a node (node_of(), the shm path) as MPI_Comm_split_type(SHARED) groups them,
 // unless ZCOLL_NODE_ID is set: then ranks on one machine (one kernel) with equal values form a
 // node, whatever MPI says (NCCL_HOSTID's role: network namespaces on one machine emulate a
 // cluster, bench/testbed.py). Ranks on different machines never share a node. Oversubscription
 // counts every rank on the machine: emulated nodes compete for the same cores.
+//
+// Failure detection: at creation the ranks exchange their pid and a machine identity (boot id
+// and pid namespace), so a rank can tell whether a peer on the same machine still exists
+// (kill(pid, 0), and /proc for zombies and stopped processes). Failure announcements travel on a
+// duplicate of the communicator of their own, so they never match zcoll's messages.
 #pragma once
 #include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -35,6 +46,7 @@ class MpiCommunicator final : public Communicator {
   Request irecv(void* buf, std::size_t bytes, int peer, int tag) override;
   void wait(Request& request) override;
   bool test(Request& request) override;
+  void cancel(Request& request) noexcept override;
   void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
                         ReduceOp op) override;
   bool has_native_allreduce() const override { return true; }
@@ -42,16 +54,29 @@ class MpiCommunicator final : public Communicator {
   // Every rank on one node (see node_of); off with ZCOLL_SHM=0.
   bool has_shared_arena() const override { return shm_allowed_ && node_count() == 1; }
   SharedArena* shared_arena() override;
+  bool peer_alive(int peer) override;
+  std::string describe_peer(int peer) override;
+  void announce(const PeerStatus& status) override;
+  bool next_announcement(PeerStatus& status) override;
+  bool shares_clock(int peer) const override { return same_machine(peer); }
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
   int machine_ranks() const { return machine_ranks_; }  // ranks on this machine (one kernel), any node
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
-  // Idempotent. The destructor never does this (see mpi_communicator.cc).
+  // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
+  // communicator it releases nothing through MPI (the peers it would synchronise with may be
+  // gone), nor on one for which another rank announced a failure: the MPI objects are left to
+  // MPI_Finalize or the end of the process.
   void free();
 
  private:
+  // An MPI return code of a wait: failures become the watchdog's failure naming `peer`.
+  void check_wait(int rc, int peer);
+  bool same_machine(int peer) const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)
   int rank_ = 0;
   int size_ = 1;
   int machine_ranks_ = 1;
@@ -60,6 +85,9 @@ class MpiCommunicator final : public Communicator {
   bool shm_allowed_ = true;
   MPI_Win arena_window_ = MPI_WIN_NULL;
   SharedArena arena_;
+  std::vector<std::int64_t> pids_;      // every rank's process id
+  std::vector<std::uint64_t> machine_;  // every rank's machine identity (boot id, pid namespace)
+  PeerStatus announced_;                // the buffer of this rank's announcement sends
 };
 
 // The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/backoff.h"
-#include "common/error.h"
+#include "comm/watchdog.h"
 
 namespace zcoll {
 
@@ -27,10 +27,9 @@ struct SharedArena {
   bool yield_when_waiting = false;      // oversubscribed: give the core away while waiting
   std::uint64_t sequence = 0;           // stages completed by this communicator's algorithms;
                                         // advances identically on every rank
-  // Set by a transport that can release its ranks after a failure (the in-process one): once
-  // *cancelled is true, wait_all throws instead of waiting for a rank that will never publish.
-  // Null for MPI, where a failed rank aborts the whole job.
-  const std::atomic<bool>* cancelled = nullptr;
+  // The communicator's watchdog (comm/watchdog.h), polled between unsuccessful polls of a flag:
+  // it throws when the call's deadline passes, a rank is lost, or the transport aborted.
+  Watchdog* watchdog = nullptr;
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
   unsigned char* data(int rank) const { return regions[rank] + kSharedFlags * sizeof(SharedFlag); }
@@ -44,9 +43,8 @@ struct SharedArena {
       std::atomic<std::uint64_t>& f = flags(static_cast<int>(r))[flag].value;
       Backoff backoff(yield_when_waiting);
       while (f.load(std::memory_order_acquire) < value) {
-        if (cancelled && cancelled->load(std::memory_order_relaxed))
-          throw Error("shared-memory wait cancelled: the transport aborted the group");
         backoff.pause();
+        watchdog->poll(static_cast<int>(r));
       }
     }
   }

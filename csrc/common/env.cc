@@ -45,6 +45,14 @@ constexpr Spec kSpecs[] = {
      "of MPI's grouping; emulates a cluster on one machine, like NCCL_HOSTID (unset: MPI decides)"},
     {Var::kTrace, "ZCOLL_TRACE", Kind::kString, "", "", 0, 4096,
      "a directory: trace every DDP model's training steps (zcoll.torch) and write the traces there at exit"},
+    {Var::kTimeout, "ZCOLL_TIMEOUT", Kind::kInt, "600", "", 0, 31536000,
+     "seconds a collective may wait for other ranks before every rank raises zcoll.TimeoutError (0: never)"},
+    {Var::kFlightRecorder, "ZCOLL_FLIGHT_RECORDER", Kind::kInt, "256", "", 0, 1 << 20,
+     "collectives each communicator's flight recorder keeps (0: off)"},
+    {Var::kDumpDir, "ZCOLL_DUMP_DIR", Kind::kString, "", "", 0, 4096,
+     "directory for flight-recorder dumps (empty: a zcoll-dumps directory in the temp dir)"},
+    {Var::kTelemetry, "ZCOLL_TELEMETRY", Kind::kBool, "1", "", 0, 0,
+     "time every message and collective for comm.link_stats() and comm.diagnose() (0: off)"},
     {Var::kTopology, "ZCOLL_TOPOLOGY", Kind::kString, "", "", 0, 4096,
      "the probe.json of `zcoll probe` on this job's world: every MPI communicator orders its ring by the "
      "measured links (algorithm ordered_ring; auto uses it when the rank-order ring has a slow hop)"},
@@ -177,7 +185,7 @@ long long get_int(Var var) {
 }
 
 const std::string& get_choice(Var var) {
-  require_kind(var, spec(var).kind == Kind::kChoice);
+  require_kind(var, spec(var).kind == Kind::kChoice || spec(var).kind == Kind::kString);
   return value(var).text;
 }
 

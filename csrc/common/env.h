@@ -26,6 +26,10 @@ enum class Var : int {
   kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR string    where `zcoll run` tells a job to checkpoint
   kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)
   kTrace,          // ZCOLL_TRACE          string   directory for step traces (zcoll.torch)
+  kTimeout,        // ZCOLL_TIMEOUT        int      seconds before a collective fails (0: never)
+  kFlightRecorder, // ZCOLL_FLIGHT_RECORDER int     collectives kept per communicator (0: off)
+  kDumpDir,        // ZCOLL_DUMP_DIR       string   where flight-recorder dumps go
+  kTelemetry,      // ZCOLL_TELEMETRY      bool     per-link and per-rank timing of every message
   kTopology,       // ZCOLL_TOPOLOGY       string   a probe.json: link bandwidths for the ordered ring
   kCount
 };

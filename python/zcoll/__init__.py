@@ -7,7 +7,7 @@
     comm.allreduce(grad, op="avg", out=grad, compression=q, key="grad")
 """
 from . import _C
-from ._C import MismatchError, ZcollError
+from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
 from .communicator import ALGORITHMS, OPS, Communicator
 from .compression import (
     CompressionStats,
@@ -43,6 +43,15 @@ def choose_algorithm(
     )
 
 
+def dump(reason: str = "zcoll.dump()") -> list:
+    """Writes the flight recorder of every live communicator of this process (its last
+    ``ZCOLL_FLIGHT_RECORDER`` collectives: sequence number, collective, size, algorithm, state
+    and per-peer progress) to ``ZCOLL_DUMP_DIR`` as ``zcoll-flight-<comm>-rank<R>.json``;
+    returns the paths. Not collective: call it on the ranks you want to see (SIGUSR1 does the
+    same). ``zcoll report DIR`` lines the ranks' dumps up and says where they diverged."""
+    return _C.dump_all(reason)
+
+
 def block_range(count: int, ranks: int, rank: int) -> range:
     """The element range reduce_scatter leaves on `rank`."""
     begin = _C.block_begin(count, ranks, rank)
@@ -51,6 +60,7 @@ def block_range(count: int, ranks: int, rank: int) -> range:
 
 __all__ = [
     "ALGORITHMS",
+    "BrokenError",
     "OPS",
     "Communicator",
     "CompressionStats",
@@ -60,10 +70,13 @@ __all__ = [
     "MismatchError",
     "Payload",
     "RandomK",
+    "RankLostError",
     "Threshold",
+    "TimeoutError",
     "TopK",
     "ZcollError",
     "__version__",
     "block_range",
     "choose_algorithm",
+    "dump",
 ]

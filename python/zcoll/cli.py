@@ -1,5 +1,5 @@
 """The `zcoll` command: `info` (this installation), `run` (restart a job from its last checkpoint:
-zcoll/launcher.py), `probe` (the network between the ranks), `report DIR` (step traces).
+zcoll/launcher.py), `probe` (the network between the ranks), `report` (step traces or flight-recorder dumps).
 """
 from __future__ import annotations
 
@@ -26,19 +26,35 @@ def _info(_args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """What DIR holds decides the report: step traces (zcoll-trace-rank*.json, written by
-    zcoll.torch.profile or ZCOLL_TRACE) get the step summary and a PNG timeline."""
+    """What the paths hold decides the report: step traces (zcoll-trace-rank*.json, written by
+    zcoll.torch.profile or ZCOLL_TRACE) get the step summary and a PNG timeline; flight-recorder
+    dumps (zcoll-flight-*.json) say where the ranks diverged."""
     from pathlib import Path
 
-    directory = Path(args.dir)
-    if not directory.is_dir():
-        print(f"zcoll report: {directory} is not a directory", file=sys.stderr)
+    from . import flight
+
+    paths = args.paths or [_C_dump_directory()]
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        print(f"zcoll report: {', '.join(missing)} does not exist", file=sys.stderr)
         return 2
-    if any(directory.glob("zcoll-trace-rank*.json")):
-        return _step_report(directory, args)
-    print(f"zcoll report: {directory} holds no zcoll-trace-rank*.json (step traces: zcoll.torch.profile or "
-          "ZCOLL_TRACE=DIR)", file=sys.stderr)
+    if len(paths) == 1 and Path(paths[0]).is_dir() and any(Path(paths[0]).glob("zcoll-trace-rank*.json")):
+        return _step_report(Path(paths[0]), args)
+    if any(flight.is_flight_dump(p) for p in paths):
+        print(flight.report(paths))
+        return 0
+    print(
+        f"zcoll report: no step traces (zcoll-trace-rank*.json: zcoll.torch.profile or ZCOLL_TRACE=DIR) and no "
+        f"flight-recorder dumps ({flight.PATTERN}) in {' '.join(paths)}",
+        file=sys.stderr,
+    )
     return 2
+
+
+def _C_dump_directory() -> str:
+    from . import _C
+
+    return _C.dump_directory()
 
 
 def _step_report(directory, args: argparse.Namespace) -> int:
@@ -89,14 +105,17 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser(
         "report",
-        help="summarise a directory of traces (step traces from zcoll.torch.profile / ZCOLL_TRACE)",
-        description="Step traces: per-rank phase and bucket times, communication, exposed communication, "
-        "overlap, achieved bytes/s against the link's measured capacity, the slowest rank per step, and a "
-        "verdict (compute-, link- or overhead-bound) with suggestions (bucket size, compression, gradient "
-        "accumulation) and the step time each predicts. Writes DIR/zcoll-report.txt, DIR/zcoll-timeline.png "
-        "and the merged Chrome trace DIR/zcoll-trace.json (ui.perfetto.dev). The model: docs/profiler.md.",
+        help="summarise step traces (zcoll.torch.profile / ZCOLL_TRACE) or flight-recorder dumps",
+        description="Step traces (a directory of zcoll-trace-rank*.json): per-rank phase and bucket times, "
+        "communication, exposed communication, overlap, achieved bytes/s against the link's measured capacity, "
+        "the slowest rank per step, and a verdict (compute-, link- or overhead-bound) with suggestions (bucket "
+        "size, compression, gradient accumulation) and the step time each predicts; writes DIR/zcoll-report.txt, "
+        "DIR/zcoll-timeline.png and the merged Chrome trace DIR/zcoll-trace.json (ui.perfetto.dev); the model: "
+        "docs/profiler.md. Flight-recorder dumps (zcoll-flight-*.json, written when a collective fails, on "
+        "SIGUSR1 and on zcoll.dump()): each rank's last call and its state, whom it waits for, ranks that never "
+        "entered the last call or left no dump, and the first call the ranks made differently (docs/diagnose.md).",
     )
-    p.add_argument("dir", help="the directory the traces were written to")
+    p.add_argument("paths", nargs="*", help="a trace directory, or dump files or directories (default: ZCOLL_DUMP_DIR)")
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of the analysis (default 3)")
     p.add_argument("--steps", type=int, default=3, help="steps drawn in the timeline (default 3)")
     p.add_argument(

@@ -26,9 +26,27 @@ ALGORITHMS = tuple(_C.Algorithm.__members__)
 # collected unfreed only warns and leaks its MPI communicator (csrc/bindings/bind_comm.cc).
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
+# The exit status of a process in which a zcoll communicator failed (zcoll.TimeoutError, so
+# every rank that raised printed a line  ZCOLL-FAILURE rank=R size=P kind=... on stderr) and
+#   1. that ends with an uncaught exception (the failure itself, or DDP's RuntimeError quoting
+#      it): at once, without MPI_Finalize, which would wait for the lost ranks;
+#   2. or that does not end by itself within FAILURE_EXIT_SECONDS of exiting.
+# 75 is EX_TEMPFAIL ("temporary failure, try again"): for launchers that restart such jobs
+# (mpirun tears the rest of the job down when a process exits non-zero). A process that caught
+# the error and ends normally while every rank is alive keeps its own status.
+FAILURE_EXIT_STATUS = 75
+FAILURE_EXIT_SECONDS = 5.0
+
 
 @atexit.register
 def _free_all() -> None:
+    if _C.broken_count():
+        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if uncaught is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(FAILURE_EXIT_STATUS)
+        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS)
     for c in list(_live):
         c.free()
 
@@ -71,6 +89,13 @@ class Communicator(_C.Comm):
     row sends to column), for algorithm ``ordered_ring`` and ``auto`` (see ``set_topology``).
     ``ZCOLL_TOPOLOGY=probe.json`` does the same for every communicator of a job.
 
+    ``timeout`` (seconds; default ``ZCOLL_TIMEOUT``, 600; 0 or None: never): a collective that
+    waits longer for other ranks fails on every surviving rank with ``zcoll.TimeoutError`` naming
+    the call, its sequence number, its size and the ranks that never arrived. A rank whose process
+    dies makes the others raise ``zcoll.RankLostError`` (a TimeoutError) within about a second.
+    Afterwards the communicator is broken (``broken``): every call raises ``zcoll.BrokenError``;
+    create a new one. ``abort(reason)`` (from any thread) fails the running call the same way.
+
     Example::
 
         import numpy as np, zcoll
@@ -80,7 +105,9 @@ class Communicator(_C.Comm):
         total = comm.allreduce(g)                    # new array
     """
 
-    def __init__(self, comm: Any = None, *, check: Optional[bool] = None, topology: Any = None):
+    def __init__(
+        self, comm: Any = None, *, check: Optional[bool] = None, timeout: Optional[float] = None, topology: Any = None
+    ):
         from mpi4py import MPI  # initialises MPI when it is not yet
 
         if comm is None:
@@ -90,6 +117,8 @@ class Communicator(_C.Comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
         super().__init__(comm.py2f(), _C.env_get("ZCOLL_CHECK") if check is None else bool(check))
+        if timeout is not None:
+            self.timeout = timeout
         _live.add(self)
         if topology is not None:
             self.set_topology(topology)
@@ -200,6 +229,33 @@ class Communicator(_C.Comm):
         """Overwrites x on every rank with x from `root` (in place) and returns x."""
         self._broadcast(x, root)
         return x
+
+    # -- telemetry --------------------------------------------------------------------------
+    def link_stats(self, reset: bool = False) -> Any:
+        """Collective: this communicator's link telemetry since the last reset, gathered to every
+        rank (the same on all): ``bytes``, ``messages``, ``busy`` (seconds in flight), ``latency``
+        and ``gbps`` as p x p numpy arrays (row = sender), ``arrival_delay`` and ``call_seconds``
+        per rank, ``calls``. ``reset=True`` starts a new window afterwards. See zcoll.diagnose;
+        ``telemetry = False`` (or ZCOLL_TELEMETRY=0) stops the timing."""
+        from .diagnose import from_rows
+
+        return from_rows(self._link_stats_rows(reset))
+
+    def diagnose(self, nodes: Any = None, reset: bool = True) -> Any:
+        """Collective: the verdict on the window since the last reset (healthy, slow rank k, slow
+        link i->j, slow node k) with its evidence, through this communicator's Diagnoser, which
+        keeps a label only once three consecutive windows agree and logs one warning line
+        (logger "zcoll", on rank 0) when it changes. Call it every few collectives (e.g. every 5
+        steps).
+        nodes[r]: rank r's node (default: the communicator's node_of(r) where the transport
+        knows nodes, ZCOLL_NODE_ID; else each rank its own)."""
+        from .diagnose import Diagnoser
+
+        if nodes is None and hasattr(self, "node_of"):
+            nodes = [self.node_of(r) for r in range(self.size)]
+        if getattr(self, "_diagnoser", None) is None or (nodes is not None and self._diagnoser.nodes != list(nodes)):
+            self._diagnoser = Diagnoser(None if nodes is None else list(nodes), quiet=self.rank != 0)
+        return self._diagnoser.update(self.link_stats(reset=reset))
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", out: Any = None) -> Any:
         """Reduces x over all ranks onto `root`. Returns the result on root, None elsewhere

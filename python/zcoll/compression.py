@@ -149,6 +149,14 @@ class Compressor:
         self._residuals = residuals
         self._calls = {k: int(n) for k, n in state["calls"].items()}
 
+    def set_residual(self, key: str, values: Any) -> None:
+        """Makes `values` (a float32 copy, shaped like the tensor `key` names) the residual of
+        `key`, e.g. when the tensors behind the keys change (DDP rebuilding its buckets)."""
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str naming the tensor, got {type(key).__name__}")
+        a = np.array(values, dtype=np.float32, copy=True)
+        self._residuals[key] = (tuple(a.shape), a.reshape(-1))
+
     def _state(self, key: Optional[str], x: Any) -> Tuple[Optional[np.ndarray], int, Callable[[], None]]:
         """(residual or None, this call's seed, commit): commit() records the call (a new key's
         residual, the call count behind the seeds) once the C++ call has succeeded."""

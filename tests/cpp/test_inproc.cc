@@ -351,7 +351,9 @@ TEST(inproc, bad_arguments) {
     CHECK_THROWS(comm.isend(&x, sizeof x, 2, 0), std::invalid_argument);
     CHECK_THROWS(comm.irecv(&x, sizeof x, -1, 0), std::invalid_argument);
     CHECK_THROWS(comm.irecv(nullptr, 4, 0, 0), std::invalid_argument);
-    Request bogus{12345, true};
+    Request bogus;
+    bogus.handle = 12345;
+    bogus.active = true;
     CHECK_THROWS(comm.wait(bogus), zcoll::Error);
     CHECK(!comm.has_native_allreduce());
     CHECK_THROWS(comm.native_allreduce(&x, &x, 1, zcoll::DType::kInt32, zcoll::ReduceOp::kSum),

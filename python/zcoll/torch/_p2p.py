@@ -42,15 +42,42 @@ def irecv(comm: Any, t: torch.Tensor, src: int, tag: int) -> Any:
     return comm.Irecv(buffer(t), source=src, tag=tag)
 
 
-def wait_all(requests: Sequence[Any]) -> None:
-    """Completes every request: polls a little, then sleeps briefly between polls (GIL released)."""
+def wait_all(
+    requests: Sequence[Any], timeout: float = 0.0, what: str = "point-to-point operation", peers: Sequence[int] = ()
+) -> None:
+    """Completes every request: polls a little, then sleeps briefly between polls (GIL released).
+    After `timeout` seconds (0: never) cancels what is left, so that no later operation matches it,
+    and raises zcoll.TimeoutError naming the peers (peers[i]: of requests[i]) still unfinished."""
     MPI = _mpi()
     requests = list(requests)
     polls = 0
+    deadline = time.monotonic() + timeout if timeout > 0 else None
     while not MPI.Request.Testall(requests):
         polls += 1
         if polls > _POLLS_BEFORE_SLEEP:
             time.sleep(0 if polls < 4 * _POLLS_BEFORE_SLEEP else 20e-6)
+            if deadline is not None and polls % 64 == 0 and time.monotonic() > deadline:
+                _expire(requests, timeout, what, peers)
+
+
+def _expire(requests: List[Any], timeout: float, what: str, peers: Sequence[int]) -> None:
+    from .. import TimeoutError as ZcollTimeoutError
+
+    MPI = _mpi()
+    waiting = set()
+    for i, req in enumerate(requests):
+        if req == MPI.REQUEST_NULL:  # completed (Testall nulls what is done)
+            continue
+        if i < len(peers):
+            waiting.add(peers[i])
+        try:
+            req.Cancel()
+        except MPI.Exception:
+            pass
+    who = f"rank(s) {sorted(waiting)}" if waiting else "its peers"
+    raise ZcollTimeoutError(
+        f"zcoll: {what} timed out after {timeout:g} s waiting for {who}; the unfinished messages were cancelled"
+    )
 
 
 def _rows(t: torch.Tensor, splits: Sequence[int], size: int, name: str) -> List[torch.Tensor]:
@@ -73,13 +100,16 @@ def _rows(t: torch.Tensor, splits: Sequence[int], size: int, name: str) -> List[
     return list(torch.split(t, list(splits), dim=0))
 
 
-def alltoall_lists(comm: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], tag: int) -> None:
+def alltoall_lists(
+    comm: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], tag: int, timeout: float = 0.0
+) -> None:
     """outs[j] on rank i receives ins[i] of rank j; the own piece is copied locally."""
     rank = comm.rank
-    reqs = [irecv(comm, o, j, tag) for j, o in enumerate(outs) if j != rank]
-    reqs += [isend(comm, x, j, tag) for j, x in enumerate(ins) if j != rank]
+    peers = [j for j in range(len(outs)) if j != rank]
+    reqs = [irecv(comm, outs[j], j, tag) for j in peers]
+    reqs += [isend(comm, ins[j], j, tag) for j in peers]
     outs[rank].copy_(ins[rank])
-    wait_all(reqs)
+    wait_all(reqs, timeout, "all_to_all", peers + peers)
 
 
 def alltoall_single(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, tag: int) -> None:
@@ -87,19 +117,25 @@ def alltoall_single(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits,
     alltoall_lists(comm, _rows(out, out_splits, size, "output"), _rows(inp, in_splits, size, "input"), tag)
 
 
-def gather(comm: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, tag: int) -> None:
+def gather(
+    comm: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, tag: int, timeout: float = 0.0
+) -> None:
     if comm.rank != root:
-        wait_all([isend(comm, inp, root, tag)])
+        wait_all([isend(comm, inp, root, tag)], timeout, "gather", [root])
         return
-    reqs = [irecv(comm, o, j, tag) for j, o in enumerate(outs) if j != root]
+    peers = [j for j in range(len(outs)) if j != root]
+    reqs = [irecv(comm, outs[j], j, tag) for j in peers]
     outs[root].copy_(inp)
-    wait_all(reqs)
+    wait_all(reqs, timeout, "gather", peers)
 
 
-def scatter(comm: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, tag: int) -> None:
+def scatter(
+    comm: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, tag: int, timeout: float = 0.0
+) -> None:
     if comm.rank != root:
-        wait_all([irecv(comm, out, root, tag)])
+        wait_all([irecv(comm, out, root, tag)], timeout, "scatter", [root])
         return
-    reqs = [isend(comm, x, j, tag) for j, x in enumerate(ins) if j != root]
+    peers = [j for j in range(len(ins)) if j != root]
+    reqs = [isend(comm, ins[j], j, tag) for j in peers]
     out.copy_(ins[root])
-    wait_all(reqs)
+    wait_all(reqs, timeout, "scatter", peers)

@@ -12,6 +12,9 @@ used by one thread at a time. So each process group owns one :class:`OrderedExec
    collective issued from a callback is ordered identically on every rank. A callback must not
    block on another operation of the same process group (it would wait for itself).
 4. ``shutdown()`` finishes the queue and joins the worker (also done at interpreter exit).
+5. ``work.wait(timeout)``: when the operation is not done in time, the executor's ``on_timeout``
+   (the communicator's ``abort``) makes the running collective fail on every rank with
+   ``zcoll.TimeoutError`` naming the ranks that never arrived, and ``wait`` raises it.
 
 Example::
 
@@ -23,14 +26,40 @@ Example::
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
+import time
 from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 Future = torch.futures.Future
+
+
+# After Work.wait(timeout) aborted the communicator: how long the collective may take to fail
+# on its own (the watchdog's grace period to hear from the other ranks, and then some).
+_ABORT_SECONDS = 5.0
+
+
+def _seconds(timeout: Any) -> float:
+    """A torch timeout (timedelta, or seconds) in seconds; 0 for none (torch's kNoTimeout)."""
+    if timeout is None:
+        return 0.0
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _wait_done(future: Future, seconds: float) -> bool:
+    """Waits until the future is done or `seconds` have passed; True when done."""
+    end = time.monotonic() + seconds
+    while not future.done():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def _reraise(fut: Future) -> Any:
@@ -45,12 +74,24 @@ class ZcollWork(dist.Work):
     ``wait()`` raises the operation's own exception (the future, crossing C++, carries it as a
     RuntimeError quoting it)."""
 
-    def __init__(self, future: Future, error: Optional[list] = None):
+    def __init__(
+        self, future: Future, error: Optional[list] = None, on_timeout: Optional[Callable[[str], None]] = None
+    ):
         super().__init__()
         self._future = future
         self._error = error  # [exception] once the operation failed on the worker
+        self._on_timeout = on_timeout
 
     def wait(self, timeout: Any = None) -> bool:
+        seconds = _seconds(timeout)
+        if seconds > 0 and not _wait_done(self._future, seconds):
+            reason = f"Work.wait(timeout={seconds:g} s) expired"
+            if self._on_timeout is not None:
+                self._on_timeout(reason)  # the running collective fails on every rank
+            if not _wait_done(self._future, _ABORT_SECONDS):
+                from .. import TimeoutError as ZcollTimeoutError
+
+                raise ZcollTimeoutError(f"zcoll: {reason} and the operation is still running")
         try:
             self._future.wait()
         except Exception:
@@ -132,8 +173,9 @@ class OrderedExecutor:
     """Runs one communicator's operations in issue order: inline when possible, else on one
     worker thread (started on first use)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, on_timeout: Optional[Callable[[str], None]] = None):
         self.name = name
+        self._on_timeout = on_timeout  # what Work.wait(timeout) calls when time is up
         self._lock = threading.RLock()  # held while issuing inline and while completing futures
         self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._pending = 0
@@ -159,7 +201,7 @@ class OrderedExecutor:
             self._pending += 1
             self._ensure_thread()
             self._queue.put((fn, raw, value, error))
-        return ZcollWork(raw.then(_reraise), error)
+        return ZcollWork(raw.then(_reraise), error, self._on_timeout)
 
     def run_now(self, fn: Callable[..., Any], *args: Any) -> Optional[DoneWork]:
         """The synchronous fast path of call(): runs fn(*args) inline when nothing is queued

@@ -16,7 +16,13 @@ Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), bro
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
 all_to_all, gather, scatter, barrier, send, recv, isend/irecv, the *_coalesced variants of
 allreduce / allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them.
-Anything else raises NotImplementedError naming the call. Timeouts are not enforced.
+Anything else raises NotImplementedError naming the call.
+
+Timeouts: the group's ``timeout=`` (``init_process_group`` / ``new_group``; when left at torch's
+default, ``ZCOLL_TIMEOUT``) is the deadline of every collective and point-to-point wait; on
+expiry every surviving rank raises ``zcoll.TimeoutError`` naming the ranks that never arrived,
+and the group is broken (later calls raise ``zcoll.BrokenError``). ``Work.wait(timeout)`` aborts
+the operation the same way when it is not done in time.
 
 Example::
 
@@ -34,7 +40,7 @@ from __future__ import annotations
 import atexit
 import weakref
 import zlib
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -55,13 +61,13 @@ _live: "weakref.WeakSet[ProcessGroupZcoll]" = weakref.WeakSet()
 class ProcessGroupZcoll(dist.ProcessGroup):
     """torch.distributed process group over zcoll; created by torch (see the module docstring)."""
 
-    def __init__(self, comm: Any, rank: int, size: int, name: str = "0"):
+    def __init__(self, comm: Any, rank: int, size: int, name: str = "0", timeout: Optional[float] = None):
         super().__init__(rank, size)
         self._base = comm  # owned: a duplicate or a sub-communicator of the world
-        self._comm = Communicator(comm)
+        self._comm = Communicator(comm, timeout=timeout)
         self._p2p = comm.Dup()  # users' send/recv (their tags)
         self._coll_p2p = comm.Dup()  # zcoll's all-to-all, gather, scatter
-        self._exec = OrderedExecutor(f"zcoll-pg{name}")
+        self._exec = OrderedExecutor(f"zcoll-pg{name}", on_timeout=self._comm.abort)
         self._p2p_exec = OrderedExecutor(f"zcoll-pg{name}-p2p")
         self._group_name = name
         self._group_desc = ""
@@ -261,7 +267,10 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         size, mc = self.size(), self._coll_p2p
         outs = _p2p._rows(out, out_splits, size, "output")
         ins = _p2p._rows(inp, in_splits, size, "input")
-        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), [out], chk.is_async(opts))
+        timeout = self._comm.timeout
+        return self._exec.call(
+            lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout), [out], chk.is_async(opts)
+        )
 
     def alltoall(self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None) -> ZcollWork:
         if len(outs) != self.size() or len(ins) != self.size():
@@ -272,8 +281,10 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         chk.check("all_to_all", ins[0], "input_tensor_list[0]")
         chk.same("all_to_all", ins[0], ins, "input_tensor_list")
         chk.same("all_to_all", ins[0], outs, "output_tensor_list")
-        mc = self._coll_p2p
-        return self._exec.call(lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG), outs, chk.is_async(opts))
+        mc, timeout = self._coll_p2p, self._comm.timeout
+        return self._exec.call(
+            lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout), outs, chk.is_async(opts)
+        )
 
     def gather(
         self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
@@ -286,9 +297,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
                 raise ValueError(f"zcoll gather: the root needs one list of {self.size()} output tensors")
             outs = output_lists[0]
             chk.same("gather", inp, outs, "gather_list", inp.numel())
-        mc = self._coll_p2p
+        mc, timeout = self._coll_p2p, self._comm.timeout
         return self._exec.call(
-            lambda: _p2p.gather(mc, outs, inp, root, _TAG), output_lists, chk.is_async(opts)
+            lambda: _p2p.gather(mc, outs, inp, root, _TAG, timeout), output_lists, chk.is_async(opts)
         )
 
     def scatter(
@@ -302,20 +313,24 @@ class ProcessGroupZcoll(dist.ProcessGroup):
                 raise ValueError(f"zcoll scatter: the root needs one list of {self.size()} input tensors")
             ins = input_lists[0]
             chk.same("scatter", out, ins, "scatter_list", out.numel())
-        mc = self._coll_p2p
-        return self._exec.call(lambda: _p2p.scatter(mc, out, ins, root, _TAG), [out], chk.is_async(opts))
+        mc, timeout = self._coll_p2p, self._comm.timeout
+        return self._exec.call(
+            lambda: _p2p.scatter(mc, out, ins, root, _TAG, timeout), [out], chk.is_async(opts)
+        )
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> ZcollWork:
         t = chk.one("send", tensors)
         self._peer("send", dst)
         req = _p2p.isend(self._p2p, t, dst, tag)  # posted now: MPI keeps the issue order
-        return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
+        timeout = self._comm.timeout
+        return self._p2p_exec.call(lambda: _p2p.wait_all([req], timeout, "send", [dst]), [t], True)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> ZcollWork:
         t = chk.one("recv", tensors)
         self._peer("recv", src)
         req = _p2p.irecv(self._p2p, t, src, tag)
-        return self._p2p_exec.call(lambda: _p2p.wait_all([req]), [t], True)
+        timeout = self._comm.timeout
+        return self._p2p_exec.call(lambda: _p2p.wait_all([req], timeout, "recv", [src]), [t], True)
 
     recv_anysource = chk.unsupported("recv_anysource (recv without src)")
     monitored_barrier = chk.unsupported("monitored_barrier (use dist.barrier)")
@@ -393,7 +408,16 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupZcoll:
         finally:
             group.Free()
             everyone.Free()
-    return ProcessGroupZcoll(comm, opts.group_rank, opts.group_size, name)
+    return ProcessGroupZcoll(comm, opts.group_rank, opts.group_size, name, _timeout_seconds(opts))
+
+
+def _timeout_seconds(opts: Any) -> Optional[float]:
+    """The group's timeout= in seconds; None when torch passed its own default (then the
+    communicator's default, ZCOLL_TIMEOUT, holds: an explicit argument beats the environment)."""
+    timeout = getattr(opts, "timeout", None)
+    if timeout is None or timeout == c10d.default_pg_timeout:
+        return None
+    return timeout.total_seconds()
 
 
 def register() -> None:

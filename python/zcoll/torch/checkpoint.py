@@ -29,11 +29,12 @@ Resuming:
    buckets afterwards (in the order gradients became ready). A resumed process would run its first
    step in that initial layout where the uninterrupted run used the rebuilt one, which changes
    compressed results (quantization blocks, the positions error-feedback residuals apply to).
-   Pass ``rebuild_buckets=`` to :func:`load`: one forward and backward through the DDP model on
-   any batch, run before the state is restored, so DDP rebuilds its buckets exactly as the
-   uninterrupted run did; everything it changed (gradients, buffers, compression state, random
-   generators) is then overwritten by the checkpoint. Bit-exact from any checkpoint saved after
-   the first update.
+   A CompressionState restored from a checkpoint handles that itself: until DDP has rebuilt its
+   buckets, its hook compresses the initial bucket as the saved buckets it is made of (each
+   under its own key, in its own order), so the resumed run computes bit for bit what the
+   uninterrupted one did (tested). ``rebuild_buckets=`` (one forward and backward through the
+   DDP model on any batch, run before the state is restored and then overwritten by it) is
+   still accepted, for hooks of one's own that depend on the layout.
 4. Save only between updates: with gradient accumulation, ``save`` refuses a call in the middle of
    an update (the accumulated gradients are not part of a checkpoint).
 

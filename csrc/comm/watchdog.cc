@@ -1,0 +1,293 @@
+#include "comm/watchdog.h"
+
+#include <time.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "comm/clock.h"
+#include "comm/communicator.h"
+#include "common/check.h"
+#include "common/env.h"
+
+namespace zcoll {
+namespace {
+
+using detail::concat;
+
+void sleep_ns(std::int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / kNsPerSecond), static_cast<long>(ns % kNsPerSecond)};
+  nanosleep(&ts, nullptr);
+}
+
+// "Rank 3", "Ranks 1, 2" (they start a sentence)
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "Rank " : "Ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += concat(i ? ", " : "", ranks[i]);
+  return s;
+}
+
+std::string list_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += concat(i ? "," : "", ranks[i]);
+  return s.empty() ? "-" : s;
+}
+
+const char* kind_name(FailureReason r) {
+  switch (r) {
+    case FailureReason::kTimeout: return "timeout";
+    case FailureReason::kRankLost: return "rank_lost";
+    case FailureReason::kPeerFailed: return "peer_failed";
+    case FailureReason::kAborted: return "aborted";
+    case FailureReason::kTransport: return "transport";
+    case FailureReason::kNone: break;
+  }
+  return "none";
+}
+
+// What a peer's announcement says it was doing: "in allreduce #12", "between calls (after #11)".
+std::string doing(const PeerStatus& s) {
+  if (s.in_call) return concat("in ", s.collective, " #", s.seq);
+  return concat("in no zcoll call (its last was #", s.seq, ")");
+}
+
+// Why a peer says it failed, as "rank R <this>".
+std::string peer_reason(const PeerStatus& s) {
+  switch (static_cast<FailureReason>(s.reason)) {
+    case FailureReason::kTimeout: return concat("timed out ", doing(s));
+    case FailureReason::kRankLost: return concat("found rank ", s.lost, " lost ", doing(s));
+    case FailureReason::kAborted: return concat("was aborted ", doing(s));
+    case FailureReason::kTransport: return concat("had a transport error ", doing(s));
+    default: break;
+  }
+  return concat("failed ", doing(s));
+}
+
+std::atomic<int> g_broken_count{0};
+
+}  // namespace
+
+int Watchdog::broken_count() { return g_broken_count.load(std::memory_order_relaxed); }
+
+Watchdog::Watchdog(Communicator& comm) : comm_(comm) {
+  set_timeout(static_cast<double>(env::get_int(env::Var::kTimeout)));
+}
+
+void Watchdog::set_timeout(double seconds) {
+  ZCOLL_REQUIRE(seconds == seconds, "timeout must be a number of seconds, not NaN");
+  timeout_ns_.store(seconds > 0 && seconds < 1e9 ? static_cast<std::int64_t>(seconds * 1e9) : kNever,
+                    std::memory_order_relaxed);
+}
+
+std::uint64_t Watchdog::begin_call(const char* name, std::size_t bytes) {
+  throw_if_broken();
+  if (depth_++ > 0) return seq_;
+  ++seq_;
+  name_ = name;
+  bytes_ = bytes;
+  started_ns_ = 0;
+  deadline_ns_ = kNever;
+  if (abort_requested_.load(std::memory_order_relaxed)) fail(FailureReason::kAborted, -1, "", nullptr);
+  return seq_;
+}
+
+void Watchdog::end_call() {
+  if (depth_ > 0) --depth_;
+}
+
+void Watchdog::check(int peer) {
+  if (!enabled_) return;
+  comm_.transport_check();
+  if (peer >= 0) comm_.recorder().waiting_for(peer);  // (the engine's Channel sets it for messages)
+  const std::int64_t now = coarse_ns();
+  if (started_ns_ == 0 && depth_ > 0) {
+    started_ns_ = now;
+    const std::int64_t timeout = timeout_ns_.load(std::memory_order_relaxed);
+    deadline_ns_ = timeout == kNever ? kNever : now + timeout;
+  }
+  if (abort_requested_.load(std::memory_order_relaxed)) fail(FailureReason::kAborted, -1, "", nullptr);
+  if (now >= deadline_ns_) fail(FailureReason::kTimeout, -1, "", nullptr);
+  if (now >= next_slow_ns_) {
+    next_slow_ns_ = now + kSlowCheckNs;
+    slow_check();
+  }
+}
+
+void Watchdog::slow_check() {
+  PeerStatus s;
+  if (comm_.next_announcement(s) && s.magic == PeerStatus::kMagic && s.rank >= 0 && s.rank < comm_.size() &&
+      s.rank != comm_.rank())
+    fail(FailureReason::kPeerFailed, -1, "", &s);
+  for (int r = 0; r < comm_.size(); ++r)
+    if (r != comm_.rank() && !comm_.peer_alive(r)) fail(FailureReason::kRankLost, r, "", nullptr);
+}
+
+void Watchdog::request_abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_reason_.empty()) abort_reason_ = reason;
+  }
+  abort_requested_.store(true, std::memory_order_release);
+}
+
+void Watchdog::fail_transport(int peer, const std::string& what, bool peer_lost) {
+  fail(peer_lost ? FailureReason::kRankLost : FailureReason::kTransport, peer, what, nullptr);
+}
+
+std::string Watchdog::broken_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_reason_;
+}
+
+void Watchdog::throw_if_broken() const {
+  if (!broken()) return;
+  throw BrokenError(concat("this zcoll communicator is broken by an earlier failure: ", broken_reason(),
+                           " Messages of that call may still be posted, so nothing can be matched safely on it "
+                           "again: create a new communicator (free() on this one releases nothing through MPI)."));
+}
+
+PeerStatus Watchdog::my_status(FailureReason reason, int lost) const {
+  PeerStatus s;
+  s.rank = comm_.rank();
+  s.seq = static_cast<std::int64_t>(seq_);
+  s.in_call = depth_ > 0;
+  s.bytes = static_cast<std::int64_t>(bytes_);
+  s.reason = static_cast<std::int64_t>(reason);
+  s.lost = lost;
+  std::snprintf(s.collective, sizeof s.collective, "%s", depth_ > 0 ? name_ : "");
+  return s;
+}
+
+// b. The others' announcements for up to kGraceNs, or until every rank was heard from or is
+// known to be gone.
+Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerStatus* trigger) {
+  const int p = comm_.size();
+  Heard h;
+  h.heard.assign(static_cast<std::size_t>(p), false);
+  h.dead.assign(static_cast<std::size_t>(p), false);
+  h.status.resize(static_cast<std::size_t>(p));
+  h.heard[mine.rank] = true;
+  h.status[mine.rank] = mine;
+  auto take = [&](const PeerStatus& s) {
+    if (s.magic != PeerStatus::kMagic || s.rank < 0 || s.rank >= p) return;
+    h.heard[s.rank] = true;
+    h.status[s.rank] = s;
+    h.status[s.rank].collective[sizeof s.collective - 1] = '\0';
+    if (static_cast<FailureReason>(s.reason) == FailureReason::kRankLost && s.lost >= 0 && s.lost < p)
+      h.dead[s.lost] = true;
+  };
+  if (trigger) take(*trigger);
+  if (lost >= 0 && lost < p) h.dead[lost] = true;
+  const std::int64_t end = coarse_ns() + kGraceNs;
+  std::int64_t next_liveness = 0;
+  try {
+    for (;;) {
+      PeerStatus s;
+      while (comm_.next_announcement(s)) take(s);
+      const std::int64_t now = coarse_ns();
+      const bool liveness = now >= next_liveness;
+      if (liveness) next_liveness = now + 50'000'000;
+      bool waiting = false;
+      for (int r = 0; r < p; ++r) {
+        if (h.heard[r] || h.dead[r]) continue;
+        if (liveness && !comm_.peer_alive(r)) h.dead[r] = true;
+        else waiting = true;
+      }
+      if (!waiting || now >= end) break;
+      sleep_ns(1'000'000);
+    }
+  } catch (const std::exception&) {  // the channel failed: report what was heard so far
+  }
+  return h;
+}
+
+// c. The message: the call, why it failed, who never arrived, what the others were doing.
+std::string Watchdog::describe(FailureReason reason, int peer, const std::string& cause, const PeerStatus& mine,
+                               const Heard& h) const {
+  const int p = comm_.size(), me = comm_.rank();
+  std::string what = concat("zcoll: ", mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes) on rank ",
+                            me, " of ", p);
+  switch (reason) {
+    case FailureReason::kTimeout: what += concat(" timed out after ", timeout(), " s"); break;
+    case FailureReason::kRankLost:
+      what += concat(" failed: rank ", peer, " is lost");
+      if (!cause.empty()) what += concat(" (", cause, ")");
+      break;
+    case FailureReason::kPeerFailed: what += concat(" failed: rank ", peer, " ", peer_reason(h.status[peer])); break;
+    case FailureReason::kAborted: {
+      std::lock_guard<std::mutex> lock(mu_);
+      what += concat(" was aborted: ", abort_reason_.empty() ? "by the caller" : abort_reason_);
+      break;
+    }
+    case FailureReason::kTransport: what += concat(" failed on a message with rank ", peer, ": ", cause); break;
+    case FailureReason::kNone: break;
+  }
+  what += ".";
+  std::string never;
+  for (int r = 0; r < p; ++r) {
+    if (h.heard[r]) continue;
+    const std::string about = comm_.describe_peer(r);
+    const std::string state = h.dead[r] ? "lost" + (about.empty() ? "" : ": " + about) : about;
+    never += concat(never.empty() ? "" : "; ", "rank ", r, state.empty() ? "" : " (" + state + ")");
+  }
+  what += never.empty() ? " Every rank was heard from."
+                        : concat(" Never arrived (not heard from within ", kGraceNs / 1e9, " s of the failure): ",
+                                 never, ".");
+  std::map<std::tuple<std::int64_t, std::string, std::int64_t>, std::vector<int>> groups;
+  for (int r = 0; r < p; ++r)
+    if (h.heard[r] && r != me) groups[{h.status[r].in_call, h.status[r].collective, h.status[r].seq}].push_back(r);
+  for (const auto& [key, ranks] : groups) {
+    const PeerStatus& s = h.status[ranks.front()];
+    const bool same = s.in_call && mine.in_call && s.seq == mine.seq && std::strcmp(s.collective, mine.collective) == 0;
+    what += concat(" ", ranks_text(ranks), ranks.size() == 1 ? " was " : " were ", same ? "also " : "", doing(s), ".");
+  }
+  return what;
+}
+
+void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger) {
+  throw_if_broken();  // a failure while failing (the protocol's own messages) is not reported twice
+  const int lost = reason == FailureReason::kRankLost ? peer : -1;
+  const PeerStatus mine = my_status(reason, lost);
+  try {
+    comm_.announce(mine);  // a. best effort: the channel may itself be what failed
+  } catch (const std::exception&) {
+  }
+  const Heard h = collect(mine, lost, trigger);
+  std::string what = describe(reason, trigger ? static_cast<int>(trigger->rank) : peer, cause, mine, h);
+  std::string dump;
+  if (on_failure) {
+    try {
+      dump = on_failure(what);
+    } catch (const std::exception&) {
+    }
+  }
+  if (!dump.empty()) what += concat(" Flight recorder dump: ", dump, ".");
+  // d. broken from now on; one line for launchers; the exception
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_reason_ = what;
+  }
+  broken_.store(true, std::memory_order_release);
+  g_broken_count.fetch_add(1, std::memory_order_relaxed);
+  FailureInfo info;
+  info.collective = mine.in_call ? name_ : "";
+  info.seq = seq_;
+  info.bytes = bytes_;
+  info.dump_path = dump;
+  for (int r = 0; r < comm_.size(); ++r) {
+    if (!h.heard[r]) info.missing.push_back(r);
+    if (h.dead[r]) info.lost.push_back(r);
+  }
+  std::fprintf(stderr, "ZCOLL-FAILURE rank=%d size=%d kind=%s collective=%s seq=%llu bytes=%zu missing=%s lost=%s dump=%s\n",
+               comm_.rank(), comm_.size(), kind_name(reason), mine.in_call ? name_ : "-",
+               static_cast<unsigned long long>(seq_), bytes_, list_text(info.missing).c_str(),
+               list_text(info.lost).c_str(), dump.empty() ? "-" : dump.c_str());
+  std::fflush(stderr);
+  if (!info.lost.empty()) throw RankLostError(what, std::move(info));
+  throw TimeoutError(what, std::move(info));
+}
+
+}  // namespace zcoll

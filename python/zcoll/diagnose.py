@@ -1,0 +1,274 @@
+"""Link telemetry and its verdict: healthy, slow rank k, slow link i->j, or slow node k.
+
+The engine times real work (csrc/comm/telemetry.h): per collective each rank's arrival and the
+time it spent in the call, per message the send's post time and the receive's completion time,
+summed per peer. :func:`link_stats` turns every rank's sums (gathered to every rank) into:
+
+* ``bytes[i, j]``, ``messages[i, j]``: what rank i sent to rank j;
+* ``busy[i, j]``: seconds the messages i -> j spent in flight, summed over messages (from i's
+  post to j's observed completion, on a common clock): a link's messages queue when it is slow;
+* ``latency[i, j] = busy / messages`` and ``gbps[i, j] = bytes / busy / 1e9``, per message;
+* ``arrival_delay[k]``: how much later than the earliest rank rank k entered collectives, on
+  average (seconds); ``call_seconds[k]``: its mean time inside one.
+
+:class:`Diagnoser` classifies each window together with the earlier ones at falling weight
+(:func:`blend`, ``memory`` 0.5 per window) and keeps a label only when ``confirm`` (3) consecutive
+windows agree (hysteresis), logging one warning line when it changes. :func:`classify`:
+
+1. **slow rank k**: k arrives late by more than ``rank_threshold`` x the others' mean time in a
+   call (compute, data loading, a busy core). Checked first: the messages sent to a late rank
+   wait for it, which would otherwise look like slow links into it.
+2. **slow node k** (all of its links): each of node k's outgoing (or incoming) active links, at
+   least two, is ``node_threshold`` x slower than the reference of its tier (see 3), and no link
+   slower than ``link_threshold`` avoids node k.
+3. **slow link i->j**: links whose time per byte is ``link_threshold`` x the reference of their
+   tier (within a node / across nodes): its lower quartile, which stays a healthy link's even
+   when half the tier is slow (one node's links of two nodes); the slowest is named.
+4. otherwise **healthy**.
+
+A window needs ``min_calls`` collectives; links that moved fewer than ``min_link_bytes`` are
+not judged (latency, not bandwidth, dominates tiny messages). Nodes: ``nodes[r]`` names rank r's
+node (the network helper's ZCOLL_NODE_ID, or anything hashable); without them each rank is its
+own node.
+
+    stats = comm.link_stats(reset=True)          # collective
+    verdict = comm.diagnose()                    # collective: label + evidence, logged on change
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+log = logging.getLogger("zcoll")
+
+_HEAD = 4  # csrc/comm/telemetry.h: base_ns, calls, arrival_sum, duration_sum
+_PER_PEER = 6  # sent_bytes, sends, send_post_sum, recv_bytes, recvs, recv_done_sum
+
+
+@dataclass
+class LinkStats:
+    """One window of telemetry, the same on every rank (see the module docstring)."""
+
+    calls: int
+    bytes: np.ndarray
+    messages: np.ndarray
+    busy: np.ndarray
+    latency: np.ndarray
+    gbps: np.ndarray
+    arrival_delay: np.ndarray
+    call_seconds: np.ndarray
+
+    @property
+    def ranks(self) -> int:
+        return len(self.arrival_delay)
+
+
+def from_rows(rows: np.ndarray) -> LinkStats:
+    """LinkStats from the gathered rows of ``_link_stats_rows`` (csrc/collectives/link_stats.h).
+    Sums are rebuilt exactly in Python integers before anything is divided."""
+    rows = np.asarray(rows, dtype=np.int64)
+    p = rows.shape[0]
+    if rows.shape[1] != _HEAD + p * (1 + _PER_PEER):
+        raise ValueError(f"telemetry rows of shape {rows.shape} do not fit {p} ranks")
+    base = [int(rows[r, 0]) for r in range(p)]
+    offset = [int(rows[0, _HEAD + r]) for r in range(p)]  # clock_r - clock_0, measured by rank 0
+    shift = [base[r] - offset[r] for r in range(p)]  # rank r's relative time -> rank 0's clock
+    calls = [int(rows[r, 1]) for r in range(p)]
+    peer = rows[:, _HEAD + p:].reshape(p, p, _PER_PEER)  # peer[i, j] = rank i's sums about rank j
+
+    arrival = np.full(p, np.nan)
+    seconds = np.full(p, np.nan)
+    for r in range(p):
+        if calls[r]:
+            arrival[r] = (int(rows[r, 2]) + calls[r] * shift[r]) / calls[r] / 1e9
+            seconds[r] = int(rows[r, 3]) / calls[r] / 1e9
+    delay = arrival - np.nanmin(arrival) if np.isfinite(arrival).any() else arrival
+
+    nbytes = peer[:, :, 0].astype(np.float64)
+    messages = peer[:, :, 1].astype(np.float64)
+    busy = np.full((p, p), np.nan)
+    for i in range(p):
+        for j in range(p):
+            sends, recvs = int(peer[i, j, 1]), int(peer[j, i, 4])
+            if sends and sends == recvs:
+                posted = int(peer[i, j, 2]) + sends * shift[i]
+                done = int(peer[j, i, 5]) + recvs * shift[j]
+                busy[i, j] = (done - posted) / 1e9
+    with np.errstate(invalid="ignore", divide="ignore"):
+        latency = busy / messages
+        gbps = nbytes / busy / 1e9
+    return LinkStats(min(calls) if calls else 0, nbytes, messages, busy, latency, gbps, delay, seconds)
+
+
+@dataclass
+class Verdict:
+    """A label ("healthy", "slow rank", "slow link", "slow node"), who, and the evidence."""
+
+    label: str
+    rank: Optional[int] = None  # slow rank / slow node (the node's name when nodes are given)
+    link: Optional[Tuple[int, int]] = None  # slow link (i, j)
+    node: Any = None
+    evidence: str = ""
+    details: Dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.label == "slow rank":
+            who = f"slow rank {self.rank}"
+        elif self.label == "slow link":
+            who = f"slow link {self.link[0]}->{self.link[1]}"
+        elif self.label == "slow node":
+            who = f"slow node {self.node}"
+        else:
+            who = self.label
+        return f"{who}: {self.evidence}" if self.evidence else who
+
+    def key(self) -> tuple:
+        return (self.label, self.rank, self.link, self.node)
+
+
+@dataclass
+class Thresholds:
+    rank_threshold: float = 0.3  # arrival delay / the others' mean time in a call
+    rank_floor: float = 2e-4  # seconds: arrival delays below this are noise
+    link_threshold: float = 2.0  # time per byte / the tier's lower quartile
+    node_threshold: float = 1.6  # every link of the node at least this slow
+    min_calls: int = 3
+    min_link_bytes: int = 256 * 1024  # per window
+
+
+def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresholds = Thresholds()) -> Verdict:
+    """The verdict of one window (no hysteresis: see Diagnoser)."""
+    p = stats.ranks
+    nodes = list(range(p)) if nodes is None else list(nodes)
+    if stats.calls < t.min_calls:
+        return Verdict("unknown", evidence=f"{stats.calls} collectives in the window, fewer than {t.min_calls}")
+
+    # 1. a late rank
+    delay = np.nan_to_num(stats.arrival_delay)
+    k = int(np.argmax(delay))
+    others = [r for r in range(p) if r != k]
+    call = float(np.nanmedian(stats.call_seconds[others])) if others else 0.0
+    second = float(np.max(delay[others])) if others else 0.0
+    if delay[k] > max(t.rank_floor, t.rank_threshold * call) and delay[k] > 2 * second:
+        return Verdict(
+            "slow rank", rank=k,
+            evidence=f"arrives {delay[k] * 1e3:.2f} ms after the earliest rank on average, the others spend "
+                     f"{call * 1e3:.2f} ms in a call (next latest rank: {second * 1e3:.2f} ms late)",
+            details={"arrival_delay": stats.arrival_delay.tolist(), "call_seconds": stats.call_seconds.tolist()},
+        )
+
+    # 2-3. links: time per byte against the lower quartile of the link's tier
+    active = (stats.bytes >= t.min_link_bytes) & np.isfinite(stats.busy) & (stats.busy > 0)
+    per_byte = np.where(active, stats.busy / np.maximum(stats.bytes, 1), np.nan)
+    same_node = np.array([[nodes[i] == nodes[j] for j in range(p)] for i in range(p)])
+    slowness = np.full((p, p), np.nan)
+    for tier in (True, False):
+        mask = active & (same_node == tier)
+        np.fill_diagonal(mask, False)
+        if mask.sum() >= 2:
+            slowness[mask] = per_byte[mask] / np.percentile(per_byte[mask], 25)
+    slow = [(i, j) for i in range(p) for j in range(p) if np.isfinite(slowness[i, j]) and slowness[i, j] >= t.link_threshold]
+    details = {"slowness": slowness.tolist(), "gbps": stats.gbps.tolist()}
+    if not slow:
+        worst = np.nanmax(slowness) if np.isfinite(slowness).any() else float("nan")
+        return Verdict("healthy", evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), no link slower "
+                                           f"than {t.link_threshold:g}x its tier (slowest {worst:.2f}x)", details=details)
+
+    def rate(i: int, j: int) -> str:
+        return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
+
+    # a node: every one of its outgoing (or incoming) links slower than node_threshold, and no
+    # link that avoids it slower than link_threshold; the node whose links are slowest wins
+    # (outgoing first: between two nodes, one's slow egress is the other's slow ingress, and
+    # shaping happens on egress)
+    best: Optional[Tuple[float, Any, str, List[Tuple[int, int]]]] = None
+    for direction in ("out", "in"):
+        for node in sorted(set(nodes), key=str):
+            members = {r for r in range(p) if nodes[r] == node}
+            if any((i in members) == (j in members) for i, j in slow):
+                continue  # a slow link that avoids this node (or stays inside it)
+            if direction == "out":
+                links = [(i, j) for i in members for j in range(p) if j not in members and active[i, j]]
+            else:
+                links = [(i, j) for j in members for i in range(p) if i not in members and active[i, j]]
+            if len(links) < 2:
+                continue
+            weakest = min(slowness[l] for l in links)
+            if weakest >= t.node_threshold and (best is None or weakest > best[0]):
+                best = (weakest, node, direction, links)
+    if best is not None:
+        _, node, direction, links = best
+        return Verdict(
+            "slow node", rank=min(r for r in range(p) if nodes[r] == node), node=node,
+            evidence=f"all {len(links)} of its {direction}going links are slow: " + ", ".join(rate(i, j) for i, j in links),
+            details=details)
+    i, j = max(slow, key=lambda l: slowness[l])
+    return Verdict("slow link", link=(i, j), evidence=rate(i, j) + f" than its tier's lower quartile; slow links: "
+                   + ", ".join(f"{a}->{b}" for a, b in slow), details=details)
+
+
+def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
+    """new plus `memory` x old: sums add (bytes, messages, busy), per-call means are weighted by
+    their calls. A window of a few collectives on a busy machine is noisy; this keeps the last
+    windows' evidence at geometrically falling weight."""
+    if old is None or memory <= 0 or old.ranks != new.ranks:
+        return new
+    w_old, w_new = memory * old.calls, new.calls
+    total = w_old + w_new
+
+    def mean(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (w_old * np.nan_to_num(a) + w_new * np.nan_to_num(b)) / total if total else b
+
+    nbytes = memory * old.bytes + new.bytes
+    messages = memory * old.messages + new.messages
+    busy = memory * np.nan_to_num(old.busy) + np.nan_to_num(new.busy)
+    busy[messages == 0] = np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return LinkStats(int(round(total)), nbytes, messages, busy, busy / messages, nbytes / busy / 1e9,
+                         mean(old.arrival_delay, new.arrival_delay), mean(old.call_seconds, new.call_seconds))
+
+
+class Diagnoser:
+    """Windows of telemetry in, a stable label out. Each window is classified together with the
+    earlier ones at `memory` x the weight per window (blend), and a new label replaces the
+    current one only after `confirm` consecutive windows gave it; each change is logged once
+    (logging, "zcoll")."""
+
+    def __init__(self, nodes: Optional[Sequence[Any]] = None, confirm: int = 3, memory: float = 0.5,
+                 thresholds: Thresholds = Thresholds(), name: str = "zcoll", quiet: bool = False):
+        self.nodes = nodes
+        self.confirm = confirm
+        self.memory = memory
+        self.evidence: Optional[LinkStats] = None
+        self.thresholds = thresholds
+        self.name = name
+        self.quiet = quiet  # no log line (every rank reaches the same verdict; one of them logs)
+        self.current = Verdict("healthy", evidence="no telemetry yet")
+        self._candidate: Optional[Verdict] = None
+        self._streak = 0
+        self.history: List[Verdict] = []
+
+    def update(self, stats: LinkStats) -> Verdict:
+        self.evidence = blend(self.evidence, stats, self.memory)
+        verdict = classify(self.evidence, self.nodes, self.thresholds)
+        self.history.append(verdict)
+        if verdict.label == "unknown":
+            return self.current
+        if verdict.key() == self.current.key():
+            self.current = verdict  # fresher evidence
+            self._candidate, self._streak = None, 0
+            return self.current
+        if self._candidate is not None and verdict.key() == self._candidate.key():
+            self._streak += 1
+        else:
+            self._candidate, self._streak = verdict, 1
+        if self._streak >= self.confirm:
+            if not self.quiet:
+                log.warning("%s: link diagnosis changed from %s to %s", self.name, self.current.label, verdict)
+            self.current = verdict
+            self._candidate, self._streak = None, 0
+        return self.current
