@@ -1,0 +1,63 @@
+"""The hierarchical allreduce and the topology-ordered ring at 1-4 ranks on nodes emulated with
+ZCOLL_NODE_ID on one machine (tests/mpi/hierarchical.py), and once on bench/testbed.py's
+network-namespace test bed (2 nodes x 2 ranks) when this machine can build it."""
+
+import pytest
+from mpi_util import case_names, script_job
+from test_node_id import per_rank_ids
+
+SCRIPT = "mpi/hierarchical.py"
+# Small segments: several pipeline blocks per call at the sizes the script uses.
+ENV = {"ZCOLL_SEGMENT_BYTES": "4096"}
+
+# name -> ZCOLL_NODE_ID per rank
+LAYOUTS = {
+    "1": ["a"],
+    "1+1": ["a", "b"],
+    "2": ["a", "a"],  # one node: hierarchical is shm
+    "2+1": ["a", "a", "b"],  # unequal: refused
+    "1+1+1": ["a", "b", "c"],
+    "2+2 interleaved": ["a", "b", "a", "b"],
+    "2+2 blocked": ["a", "a", "b", "b"],
+    "3+1": ["a", "a", "a", "b"],  # unequal: refused
+    "1+1+1+1": ["a", "b", "c", "d"],
+}
+# One launcher per layout, made once: a job is launched once for all its cases.
+LAUNCHERS = {name: per_rank_ids(ids) for name, ids in LAYOUTS.items()}
+
+
+def nodes_arg(ids):
+    first = {}
+    for node_id in ids:
+        first.setdefault(node_id, len(first))
+    return "--nodes=" + ",".join(str(first[i]) for i in ids)
+
+
+@pytest.mark.parametrize("case", case_names(SCRIPT))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_emulated_nodes(layout, case):
+    ids = LAYOUTS[layout]
+    script_job(SCRIPT, len(ids), nodes_arg(ids), env=ENV, launcher=LAUNCHERS[layout]).check(case)
+
+
+@pytest.fixture(scope="module")
+def testbed_launcher():
+    """2 nodes x 2 ranks in network namespaces, 1 Gbit/s between them (skipped where this machine
+    refuses namespaces: the reason says what is missing)."""
+    import testbed
+
+    tb = testbed.Testbed([2, 2], inter="1gbit")
+    try:
+        tb.create()
+    except testbed.Refused as e:
+        tb.close()
+        pytest.skip(f"no network namespaces here: {e}")
+    try:
+        yield lambda argv: tb.mpirun_argv(argv, mpirun_flags=["-prepend-rank"])
+    finally:
+        tb.close()
+
+
+@pytest.mark.parametrize("case", case_names(SCRIPT))
+def test_testbed_two_nodes(testbed_launcher, case):
+    script_job(SCRIPT, 4, "--nodes=0,0,1,1", env=ENV, launcher=testbed_launcher).check(case)
