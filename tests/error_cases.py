@@ -15,7 +15,7 @@ import zcoll
 
 DTYPE_WORDS = "float32 float64 float16 bfloat16 int8 uint8 int32 int64"
 OP_WORDS = "sum prod min max avg"
-ALGORITHM_WORDS = "auto ring tree recursive_doubling halving_doubling mpi shm"
+ALGORITHM_WORDS = "auto ring tree recursive_doubling halving_doubling mpi shm hierarchical ordered_ring"
 
 
 def f32(n: int = 4) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 from mpi_util import BIN_DIR, ROOT, mpirun, run
 
 BENCHES = {  # binary: the algorithms it measures besides mpi
-    "allreduce": ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "auto"],
+    "allreduce": ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "hierarchical", "auto"],
     "reduce_scatter": ["ring"],
     "allgather": ["ring"],
     "broadcast": ["tree"],
