@@ -130,6 +130,17 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
                 " elements are too many (split the tensor)");
 }
 
+namespace {
+// The compressed ring's codecs on the hierarchical allreduce: asked for, or `auto` on ranks that
+// span several nodes of the same size (> 1 each), where only the inter-node stage then crosses
+// nodes, compressed, and the node-local stages stay exact (docs/algorithms.md).
+bool hierarchical_codec(const Communicator& comm, const CompressionOptions& o) {
+  if (!is_ring_codec(o.kind)) return false;
+  if (o.algorithm == Algorithm::kHierarchical) return true;
+  return o.algorithm == Algorithm::kAuto && comm.node_count() > 1 && comm.ranks_per_node() > 1;
+}
+}  // namespace
+
 void allreduce_compressed(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                           const CompressionOptions& o, CompressionStats* stats_out) {
   validate(o, dtype, count);
@@ -162,7 +173,7 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
       detail::allreduce_topk(comm, in, out, count, dtype, o, e, stats);
     } else if (is_sparse(o.kind)) {
       detail::allreduce_sparse(comm, in, out, count, dtype, o, e, stats);
-    } else if (o.algorithm == Algorithm::kHierarchical) {
+    } else if (hierarchical_codec(comm, o)) {
       stats.nonfinite = detail::allreduce_hierarchical_compressed(comm, in, out, count, dtype, o, e);
     } else {
       stats.nonfinite = detail::allreduce_compressed_ring(comm, in, out, count, dtype, o, e);

@@ -15,6 +15,7 @@ crosses nodes; unequal: refused; one node: shm).
    with compression=): the same bits on every rank, within the quantizer's bound; error feedback
    keeps its invariant (sum of results + sum of residuals = sum of inputs); NaN on one rank
    raises FloatingPointError on every rank.
+   `auto` with int8 gives the bits of the explicit hierarchical call on such nodes.
 3. auto_choice: what `auto` ran at 1 MiB (read back from the flight recorder): hierarchical on
    equal nodes of several ranks, shm on one node, the ordered ring once a topology with a slow
    link is set, the ring otherwise.
@@ -125,6 +126,13 @@ def case_hierarchical_compressed(ck: Checks):
             err = np.abs(y - want).max()
             ck.check(err <= bound, f"{name} {op}", f"max error {err} > bound {bound}")
             ck.same_on_all_ranks(f"{name} {op}", y.tobytes())
+    # auto: the hierarchical allreduce on equal nodes of several ranks, the compressed ring
+    # otherwise (which the explicit hierarchical call also is with one rank per node)
+    auto = comm.allreduce(x, compression=zcoll.GradientQuantizer(8, error_feedback=False))
+    hier = comm.allreduce(x, algorithm="hierarchical", compression=zcoll.GradientQuantizer(8, error_feedback=False))
+    one_per_node = node_sizes[0] == 1
+    if multi_level or one_per_node:
+        ck.check(auto.tobytes() == hier.tobytes(), "auto with int8 is hierarchical here")
     # error feedback: what went in = what came out + what is still owed, over a few steps
     c = zcoll.GradientQuantizer(8)
     acc = np.zeros(n)
