@@ -2,8 +2,11 @@
 ZCOLL_NODE_ID on one machine (tests/mpi/hierarchical.py), and once on bench/testbed.py's
 network-namespace test bed (2 nodes x 2 ranks) when this machine can build it."""
 
+import json
+import sys
+
 import pytest
-from mpi_util import case_names, script_job
+from mpi_util import case_names, run, script_job
 from test_node_id import per_rank_ids
 
 SCRIPT = "mpi/hierarchical.py"
@@ -38,6 +41,37 @@ def nodes_arg(ids):
 def test_emulated_nodes(layout, case):
     ids = LAYOUTS[layout]
     script_job(SCRIPT, len(ids), nodes_arg(ids), env=ENV, launcher=LAUNCHERS[layout]).check(case)
+
+
+def write_probe(path, node_of, slow=(0, 1)):
+    """A probe.json as `zcoll probe` writes it (the fields zcoll reads): 1 GB/s between every two
+    ranks but the directed link `slow`, at a quarter of that."""
+    p = len(node_of)
+    bw = [[None if i == j else 0.25e9 if (i, j) == slow else 1e9 for j in range(p)] for i in range(p)]
+    path.write_text(json.dumps({"format": "zcoll-probe/1", "size": p, "node_of": node_of, "bandwidth_bytes_per_s": bw}))
+    return path
+
+
+def test_topology_from_env(tmp_path):
+    ids = LAYOUTS["1+1+1+1"]
+    probe = write_probe(tmp_path / "probe.json", [0, 1, 2, 3])
+    env = {**ENV, "ZCOLL_TOPOLOGY": str(probe)}
+    job = script_job(SCRIPT, 4, nodes_arg(ids), "topology_from_env", env=env, launcher=LAUNCHERS["1+1+1+1"])
+    job.check("topology_from_env", min_checks=5)
+
+
+def test_topology_of_another_placement_refused(tmp_path):
+    """A probe whose nodes are not this job's: every rank refuses to create a communicator."""
+    probe = write_probe(tmp_path / "probe.json", [0, 0, 1, 1])
+    code = (
+        "import zcoll\n"
+        "try:\n    zcoll.Communicator()\n    print('created')\n"
+        "except ValueError as e:\n    print('refused:', e)\n"
+    )
+    argv = LAUNCHERS["1+1+1+1"]([sys.executable, "-c", code])
+    rc, out = run(argv, env={"ZCOLL_TOPOLOGY": str(probe)}, timeout=120)
+    assert rc == 0, out
+    assert out.count("refused:") == 4 and "another placement" in out, out
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@ crosses nodes; unequal: refused; one node: shm).
 4. ordered_ring: set_topology with one directed link at 1/4 rate: the ring order avoids it (from
    3 ranks on), results exact and identical on every rank; check mode raises MismatchError on
    every rank when one rank holds another order; without a topology the algorithm is refused.
+5. topology_from_env: ZCOLL_TOPOLOGY=probe.json orders every communicator's ring at creation
+   (a sub-communicator by its own ranks' links); unset, no topology is known.
 """
 
 from __future__ import annotations
@@ -224,6 +226,35 @@ def case_ordered_ring(ck: Checks):
         comm.set_topology(None)
     ck.raises(ValueError, lambda: comm.set_topology(np.ones((p + 1, p + 1))), "bandwidth matrix",
               what="wrong shape refused")
+
+
+def case_topology_from_env(ck: Checks):
+    """With ZCOLL_TOPOLOGY (the launch writes a probe.json whose only slow link is 0 -> 1): every
+    communicator orders its ring by it at creation, a sub-communicator by its own ranks' links.
+    Without it: no topology."""
+    if not zcoll._C.env_get("ZCOLL_TOPOLOGY"):
+        ck.check(list(comm.ring_order) == [] and comm.ring_gain == 1.0, "no topology without ZCOLL_TOPOLOGY",
+                 f"{comm.ring_order} {comm.ring_gain}")
+        return
+    order = list(comm.ring_order)
+    hops = {(order[k], order[(k + 1) % p]) for k in range(p)}
+    ck.check(sorted(order) == list(range(p)) and (0, 1) not in hops, "world ring order", str(order))
+    x = np.ones(1 << 18, np.float32)
+    ck.check(np.array_equal(comm.allreduce(x), np.full_like(x, p)), "auto result")
+    ck.check(last_algorithm() == "ordered_ring", "auto runs the ordered ring", last_algorithm())
+    # ranks rotated by one: world 0 -> 1 is sub rank p-1 -> 0, a hop of the sub's rank order
+    sub = zcoll.Communicator(WORLD.Split(0, (rank - 1) % p))
+    try:
+        order = list(sub.ring_order)
+        hops = {(order[k], order[(k + 1) % p]) for k in range(p)}
+        ck.check((p - 1, 0) not in hops and abs(sub.ring_gain - 4.0) < 1e-9, "sub-communicator order",
+                 f"{order}, gain {sub.ring_gain}")
+        y = sub.allreduce(exact_ints(1000, sub.rank, np.float32), algorithm="ordered_ring")
+        ck.check(np.array_equal(y.astype(np.float64), reference(every_rank(exact_ints(1000, sub.rank, np.float32)), "sum")),
+                 "ordered ring on the sub-communicator")
+        ck.same_on_all_ranks("sub ordered_ring", y.tobytes())
+    finally:
+        sub.free()
 
 
 if __name__ == "__main__":
