@@ -89,6 +89,15 @@ def test_module_helpers():
             # oversubscribed: MPI's own collectives busy-spin, never picked
             assert zcoll.choose_algorithm(nbytes, p, oversubscribed=True) != "mpi"
             assert zcoll.choose_algorithm(nbytes, p, shared_memory=False) != "shm"
+    # several nodes of equal size: hierarchical above the small-message rules; a measured ring
+    # order whose slowest hop is >= 1.25x rank order's: ordered_ring; shm still first on one node
+    big = 1 << 20
+    assert zcoll.choose_algorithm(big, 4, shared_memory=False, node_hierarchy=True) == "hierarchical"
+    assert zcoll.choose_algorithm(4096, 4, shared_memory=False, node_hierarchy=True) == "mpi"
+    assert zcoll.choose_algorithm(big, 4, shared_memory=False, ordered_ring_gain=4.0) == "ordered_ring"
+    assert zcoll.choose_algorithm(big, 4, shared_memory=False, ordered_ring_gain=1.2) == "ring"
+    assert zcoll.choose_algorithm(big, 4, shared_memory=False, node_hierarchy=True, ordered_ring_gain=4.0) == "hierarchical"
+    assert zcoll.choose_algorithm(big, 4, shared_memory=True, ordered_ring_gain=4.0) == "shm"
 
 
 # Fewest checks each case must report, about 90% of what it makes today: a script that silently
