@@ -5,7 +5,9 @@ network-namespace test bed (2 nodes x 2 ranks) when this machine can build it.""
 import json
 import sys
 
+import numpy as np
 import pytest
+import zcoll
 from mpi_util import case_names, run, script_job
 from test_node_id import per_rank_ids
 
@@ -41,6 +43,29 @@ def nodes_arg(ids):
 def test_emulated_nodes(layout, case):
     ids = LAYOUTS[layout]
     script_job(SCRIPT, len(ids), nodes_arg(ids), env=ENV, launcher=LAUNCHERS[layout]).check(case)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 11])
+def test_ring_order_matches_python_criterion(p):
+    """C++'s order (what every communicator uses) has the slowest hop of zcoll.topology's
+    best_cycle, exhaustive up to 8 ranks; above, both are heuristics: C++ is at least as good
+    as rank order."""
+    from zcoll import topology
+
+    rng = np.random.default_rng(p)
+    for _ in range(5):
+        bw = rng.uniform(0.2e9, 1.2e9, (p, p))
+        np.fill_diagonal(bw, np.nan)
+        order = zcoll._C.best_ring_order(np.nan_to_num(bw).tolist())
+        assert sorted(order) == list(range(p)) and order[0] == 0
+
+        def slowest(o):
+            return max(1 / bw[o[k], o[(k + 1) % p]] for k in range(p))
+
+        if p <= 8:
+            assert slowest(order) == pytest.approx(slowest(topology.best_cycle(bw)), rel=2e-3)
+        else:
+            assert slowest(order) <= slowest(list(range(p)))
 
 
 def write_probe(path, node_of, slow=(0, 1)):

@@ -129,8 +129,8 @@ class Communicator(_C.Comm):
         topology: a ``zcoll.probe.ProbeResult`` (``zcoll.probe.load(path)`` or
         ``zcoll.probe.measure(comm)``), the path of a probe.json, or a (size, size) array of
         bytes/s (row i sends to column j; the diagonal is ignored); None forgets it. The ring
-        order kept is the one whose slowest hop is fastest (``ring_order``, from rank 0), as
-        ``zcoll.topology.best_cycle`` chooses; ``ring_gain`` says how much faster that hop is than
+        order kept is the one whose slowest hop is fastest (``ring_order``, from rank 0), the
+        criterion of ``zcoll.topology.best_cycle`` (``zcoll._C.best_ring_order(matrix)``); ``ring_gain`` says how much faster that hop is than
         rank order's slowest. ``auto`` runs the ordered ring when ring_gain >= 1.25 and no other
         rule applies first. Every rank must pass the same matrix (with check=True or ZCOLL_CHECK=1
         an ``ordered_ring`` call on ranks that disagree raises MismatchError on every rank).
