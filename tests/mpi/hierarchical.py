@@ -105,6 +105,10 @@ def case_hierarchical(ck: Checks):
             ck.same_on_all_ranks(f"random {dtype} {op}", y.tobytes())
 
 
+def hier_int8(x: np.ndarray) -> np.ndarray:
+    return comm.allreduce(x, algorithm="hierarchical", compression=zcoll.GradientQuantizer(8, error_feedback=False))
+
+
 def case_hierarchical_compressed(ck: Checks):
     if not equal_nodes:
         ck.raises(ValueError, lambda: comm.allreduce(np.ones(100, np.float32), algorithm="hierarchical",
@@ -128,10 +132,15 @@ def case_hierarchical_compressed(ck: Checks):
             err = np.abs(y - want).max()
             ck.check(err <= bound, f"{name} {op}", f"max error {err} > bound {bound}")
             ck.same_on_all_ranks(f"{name} {op}", y.tobytes())
+    # in place: the same bits as out of place
+    inplace = x.copy()
+    comm.allreduce(inplace, algorithm="hierarchical", out=inplace,
+                   compression=zcoll.GradientQuantizer(8, error_feedback=False))
+    ck.check(inplace.tobytes() == hier_int8(x).tobytes(), "int8 in place")
     # auto: the hierarchical allreduce on equal nodes of several ranks, the compressed ring
     # otherwise (which the explicit hierarchical call also is with one rank per node)
     auto = comm.allreduce(x, compression=zcoll.GradientQuantizer(8, error_feedback=False))
-    hier = comm.allreduce(x, algorithm="hierarchical", compression=zcoll.GradientQuantizer(8, error_feedback=False))
+    hier = hier_int8(x)
     one_per_node = node_sizes[0] == 1
     if multi_level or one_per_node:
         ck.check(auto.tobytes() == hier.tobytes(), "auto with int8 is hierarchical here")
