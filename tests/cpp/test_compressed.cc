@@ -135,9 +135,10 @@ struct CCase {
   bool in_place;
 };
 
-void run_compressed_cases(int p, const std::vector<CCase>& list) {
+void run_compressed_cases(int p, const std::vector<CCase>& list,
+                          const zcoll::InProcOptions& transport = ztest::test_options()) {
   std::vector<std::vector<Result>> got(list.size(), std::vector<Result>(static_cast<std::size_t>(p)));
-  ON_RANKS(p, ztest::test_options(), [&](Communicator& comm) {
+  ON_RANKS(p, transport, [&](Communicator& comm) {
     for (std::size_t c = 0; c < list.size(); ++c) {
       const CCase& k = list[c];
       Result& r = got[c][static_cast<std::size_t>(comm.rank())];
@@ -155,7 +156,7 @@ void run_compressed_cases(int p, const std::vector<CCase>& list) {
     if (!std::all_of(results.begin(), results.end(), [](const Result& r) { return r.done; })) continue;
     ztest::Context ctx(ztest::str(
         case_name(k.spec, k.dtype, k.n, k.options.op, k.options.pipeline.max_segment_bytes, k.in_place),
-        " p=", p));
+        " algorithm ", zcoll::algorithm_name(k.options.algorithm), " p=", p));
     std::vector<Buffer> xs;
     for (int r = 0; r < p; ++r) xs.push_back(gradient(k.dtype, k.n, r));
     std::vector<double> exact(k.n, 0.0);
@@ -209,6 +210,34 @@ TEST(compressed, within_bound_and_identical) {
         }
     }
     run_compressed_cases(p, list);
+  }
+}
+
+// The ring codecs on the hierarchical allreduce's inter-node stage (algorithm hierarchical, and
+// auto on equal nodes of several ranks), on emulated nodes: within the compressed ring's bound
+// (each element is quantized once per node sum, N <= p times) and identical on every rank.
+TEST(compressed, hierarchical_on_nodes) {
+  const std::vector<std::vector<int>> layouts = {{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1}, {0, 0, 1, 1, 2, 2}};
+  const char* specs[] = {"fp16", "bf16", "int8", "int4", "sign", "int8s", "int4:64"};
+  for (const std::vector<int>& nodes : layouts) {
+    const int p = static_cast<int>(nodes.size());
+    std::vector<CCase> list;
+    for (const char* spec : specs)
+      for (std::size_t n : {std::size_t{1}, std::size_t{257}, std::size_t{1000}, std::size_t{4099}})
+        for (zcoll::Algorithm algorithm : {zcoll::Algorithm::kHierarchical, zcoll::Algorithm::kAuto})
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            CCase c{zcoll::parse_compression(spec), spec, DType::kFloat32, n, n == 1000};
+            c.options.op = op;
+            c.options.algorithm = algorithm;
+            if (n == 4099) c.options.pipeline.max_segment_bytes = 1024;  // several blocks
+            list.push_back(c);
+          }
+    zcoll::InProcOptions transport = ztest::test_options();
+    transport.nodes = nodes;
+    std::string text;
+    for (int node : nodes) text += std::to_string(node);
+    ztest::Context ctx(ztest::str("nodes ", text));
+    run_compressed_cases(p, list, transport);
   }
 }
 
