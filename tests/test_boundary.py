@@ -182,9 +182,9 @@ def test_enums_or_names(comm):
         (lambda c, x: c.allreduce(x, op=_C.ReduceOp(9)), "unknown op code 9"),
         (lambda c, x: c.reduce_scatter(x, op=_C.ReduceOp(-3)), "unknown op code -3"),
         (lambda c, x: _C.time_allreduce(c, 4, _C.DType(12), "auto", 1), "unknown dtype code 12"),
-        (lambda c, x: _C.time_allreduce(c, 4, "float32", _C.Algorithm(7), 1), "unknown algorithm code 7"),
+        (lambda c, x: _C.time_allreduce(c, 4, "float32", _C.Algorithm(9), 1), "unknown algorithm code 9"),
         (lambda c, x: _C.CompressionOptions(_C.Compression(42)), "unknown compression kind 42"),
-        (lambda c, x: c.allreduce(x, compression=zcoll.HalfPrecision(), algorithm=_C.Algorithm(8)), "code 8"),
+        (lambda c, x: c.allreduce(x, compression=zcoll.HalfPrecision(), algorithm=_C.Algorithm(10)), "code 10"),
     ],
 )
 def test_cpp_never_trusts_a_code(comm, call, words):
