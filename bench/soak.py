@@ -146,6 +146,14 @@ def say(line: str) -> None:
 
 
 # -- targets -------------------------------------------------------------------------------------
+def slow_first_hop(p: int) -> np.ndarray:
+    """A made-up link matrix (bytes/s): 1 GB/s, but rank 0 -> 1 at a quarter of that."""
+    bw = np.full((p, p), 1e9)
+    if p > 1:
+        bw[0, 1] = 0.25e9
+    return bw
+
+
 class Target:
     """A communicator the calls run on; `member` is False on ranks outside it. `size` is known
     on every rank (calls are drawn alike everywhere), `rank` on members only."""
@@ -166,7 +174,8 @@ class ZcollTarget(Target):
         self.name, self.mpi, self.size = name, mpi_comm, size
         self.member = mpi_comm != MPI.COMM_NULL
         if self.member:
-            self.comm = zcoll.Communicator(mpi_comm, check=check)
+            # links with one slow hop in rank order: algorithm ordered_ring runs a permuted ring
+            self.comm = zcoll.Communicator(mpi_comm, check=check, topology=slow_first_hop(size))
             self.comm.segment_bytes = segment_bytes
             self.compressors = {name: make() for name, make in COMPRESSORS.items()}
 

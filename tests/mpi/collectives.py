@@ -62,6 +62,15 @@ RANDOM_COUNTS = [33, 1009, 4099]
 # (segment_bytes, pipeline_depth); 0 = the built-in default (128 KiB, 4). See pipeline().
 PIPELINES = [(0, 0), (64, 1), (64, 3), (4096, 3)]
 ALGORITHMS = list(zcoll.ALGORITHMS)
+
+
+def slow_first_hop(p: int) -> np.ndarray:
+    """A made-up link matrix (bytes/s): 1 GB/s, but rank 0 -> 1 at a quarter of that."""
+    bw = np.full((p, p), 1e9)
+    if p > 1:
+        bw[0, 1] = 0.25e9
+    return bw
+
 SENTINEL = 0x5A
 
 
@@ -377,7 +386,8 @@ class Tester:
     """Runs Cases of one kind of array on one communicator; self.ck: the checks of the running case."""
 
     def __init__(self, kind):
-        self.comm = zcoll.Communicator()
+        # links with one slow hop in rank order: algorithm ordered_ring runs a permuted ring
+        self.comm = zcoll.Communicator(topology=slow_first_hop(WORLD.size))
         self.p, self.rank = self.comm.size, self.comm.rank
         self.kind = kind
         self.ck: Checks = None
