@@ -50,7 +50,7 @@ except ImportError:  # numpy arrays only, no torch process groups, no bfloat16
     torch = None
 
 WORLD = MPI.COMM_WORLD
-ALGORITHMS = list(zcoll.ALGORITHMS)  # auto ring tree recursive_doubling halving_doubling mpi shm
+ALGORITHMS = list(zcoll.ALGORITHMS)  # every name, ordered_ring and hierarchical too
 INT_DTYPES = ["int8", "uint8", "int32", "int64"]
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # bits, implicit one included
