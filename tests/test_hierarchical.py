@@ -20,11 +20,11 @@ LAYOUTS = {
     "1": ["a"],
     "1+1": ["a", "b"],
     "2": ["a", "a"],  # one node: hierarchical is shm
-    "2+1": ["a", "a", "b"],  # unequal: refused
+    "2+1": ["a", "a", "b"],  # unequal: rank 1 folds into rank 0
     "1+1+1": ["a", "b", "c"],
     "2+2 interleaved": ["a", "b", "a", "b"],
     "2+2 blocked": ["a", "a", "b", "b"],
-    "3+1": ["a", "a", "a", "b"],  # unequal: refused
+    "3+1": ["a", "a", "a", "b"],  # unequal: ranks 1 and 2 fold into rank 0
     "1+1+1+1": ["a", "b", "c", "d"],
 }
 # One launcher per layout, made once: a job is launched once for all its cases.

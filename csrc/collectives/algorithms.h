@@ -12,7 +12,8 @@ namespace zcoll {
 void allreduce_ring(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
                     const PipelineOptions&, const std::vector<int>* order = nullptr);
 // Node-local reduce-scatter, inter-node ring allreduce of each shard, node-local allgather
-// (allreduce_hierarchical.cc). Needs equal nodes (Communicator::ranks_per_node() > 0).
+// (allreduce_hierarchical.cc). On nodes of different sizes, the ranks beyond the smallest node's
+// size fold into the others first (hierarchy.h).
 void allreduce_hierarchical(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
                             const PipelineOptions&);
 void allreduce_tree(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,

@@ -2,7 +2,6 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
-#include "collectives/hierarchy.h"
 #include "collectives/call_scope.h"
 #include "common/check.h"
 #include "kernels/reduce.h"
@@ -21,7 +20,7 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     caps.native_fast = comm.has_native_allreduce() && !comm.oversubscribed();
     caps.shared_memory = comm.has_shared_arena();
     caps.oversubscribed = comm.oversubscribed();
-    caps.node_hierarchy = comm.node_count() > 1 && comm.ranks_per_node() > 1;
+    caps.node_hierarchy = comm.node_count() > 1 && comm.size() > comm.node_count();  // a node of several ranks
     caps.ordered_ring_gain = comm.topology().known() ? comm.topology().ring_gain : 1.0;
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }
@@ -30,9 +29,6 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
                 "algorithm 'mpi' needs a transport with its own allreduce (MPI); use 'ring' or 'auto'");
   ZCOLL_REQUIRE(algorithm != Algorithm::kShm || comm.has_shared_arena(),
                 "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
-  ZCOLL_REQUIRE(algorithm != Algorithm::kHierarchical || comm.ranks_per_node() > 0,
-                "algorithm 'hierarchical' needs the same number of ranks on every node, not ", detail::node_sizes(comm),
-                "; use 'ring' or 'auto'");
   ZCOLL_REQUIRE(algorithm != Algorithm::kOrderedRing || comm.topology().known(),
                 "algorithm 'ordered_ring' needs measured links: set ZCOLL_TOPOLOGY to a `zcoll probe` result "
                 "(probe.json) or call Communicator.set_topology(); use 'ring' or 'auto'");

@@ -286,6 +286,57 @@ class NodeSum : public ScheduleBase {
   std::uint64_t mine_, total_;
 };
 
+// Nodes of different sizes (NodeGrid): gather == true: each extra sends its input to its core
+// rank, which adds its extras' inputs, in ascending rank order, to its own into `out`;
+// gather == false: each core rank sends the result to its extras. Every message is at most a
+// segment. Cost per core rank with k extras: k (alpha + S beta_node) each way.
+class FoldExtras : public ScheduleBase {
+ public:
+  FoldExtras(const NodeGrid& grid, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+             bool gather, const PipelineOptions& o)
+      : grid_(grid), in_(static_cast<const unsigned char*>(in)), out_(static_cast<unsigned char*>(out)),
+        count_(count), es_(dtype_size(dtype)), dtype_(dtype), op_(op), gather_(gather),
+        nseg_(num_segments(count, es_, o)) {}
+
+  std::size_t num_units() const { return nseg_ * (grid_.core() ? grid_.extras().size() : 1); }
+  std::size_t max_recv_bytes() const { return (count_ + nseg_ - 1) / nseg_ * es_; }
+  Unit unit(std::size_t u) const {
+    const Range r = segment(u);
+    const std::size_t bytes = r.count * es_;
+    Unit unit;
+    if (grid_.core()) {
+      const int extra = grid_.extras()[u / nseg_];
+      if (gather_)
+        unit.recv[0] = {nullptr, bytes, extra};
+      else
+        unit.send[0] = {out_ + r.begin * es_, bytes, extra};
+    } else if (gather_) {
+      unit.send[0] = {in_ + r.begin * es_, bytes, grid_.partner()};
+    } else {
+      unit.recv[0] = {out_ + r.begin * es_, bytes, grid_.partner()};
+    }
+    return unit;
+  }
+  void on_received(std::size_t u, const Slots& slots) {
+    if (!gather_ || !grid_.core() || !slots.data[0]) return;
+    const Range r = segment(u);
+    const unsigned char* acc = u < nseg_ ? in_ : out_;  // the first extra adds to the input
+    kernels::reduce(out_ + r.begin * es_, acc + r.begin * es_, slots.data[0], r.count, dtype_, op_);
+  }
+
+ private:
+  Range segment(std::size_t u) const { return split(Range{0, count_}, nseg_, u % nseg_); }
+
+  const NodeGrid& grid_;
+  const unsigned char* in_;
+  unsigned char* out_;
+  std::size_t count_, es_;
+  DType dtype_;
+  ReduceOp op_;
+  bool gather_;
+  std::size_t nseg_;
+};
+
 // With a residual, this rank's contribution outside its own shards (which its codec never
 // quantizes, so never adds the residual to) is in + e, folded here once per call into a copy of
 // the input; e keeps what rounding that sum to dtype loses (nothing for float32, whose sum is
@@ -361,10 +412,22 @@ void allreduce_hierarchical(Communicator& comm, const void* in, void* out, std::
   // One node: its shared memory when the transport offers it (the node-local stages alone).
   if (comm.node_count() == 1 && comm.has_shared_arena()) return allreduce_shm(comm, in, out, count, dtype, op);
   const detail::NodeGrid grid(comm);
-  const detail::HierLayout layout(count, 1, grid.local_size(), grid.nodes(), detail::segment_elements(pipeline, dtype_size(dtype)));
-  detail::DenseInter inter(layout, grid, grid.local_size() > 1 ? out : in, out, dtype, op, comm.size());
-  detail::Hierarchical<detail::DenseInter> schedule(grid, layout, in, out, dtype, op, comm.size(), inter);
-  detail::run_pipeline(comm, schedule, pipeline, detail::kTagHierarchical);
+  if (!grid.equal()) {
+    detail::FoldExtras fold_in(grid, in, out, count, dtype, op, /*gather=*/true, pipeline);
+    detail::run_pipeline(comm, fold_in, pipeline, detail::kTagHierarchical);
+  }
+  if (grid.core()) {
+    const void* x = grid.extras().empty() ? in : out;  // this rank's input, its extras' folded in
+    const detail::HierLayout layout(count, 1, grid.local_size(), grid.nodes(),
+                                    detail::segment_elements(pipeline, dtype_size(dtype)));
+    detail::DenseInter inter(layout, grid, grid.local_size() > 1 ? out : x, out, dtype, op, comm.size());
+    detail::Hierarchical<detail::DenseInter> schedule(grid, layout, x, out, dtype, op, comm.size(), inter);
+    detail::run_pipeline(comm, schedule, pipeline, detail::kTagHierarchical);
+  }
+  if (!grid.equal()) {
+    detail::FoldExtras fold_out(grid, in, out, count, dtype, op, /*gather=*/false, pipeline);
+    detail::run_pipeline(comm, fold_out, pipeline, detail::kTagHierarchical);
+  }
 }
 
 }  // namespace zcoll

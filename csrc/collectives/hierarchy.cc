@@ -7,16 +7,26 @@
 
 namespace zcoll::detail {
 
-NodeGrid::NodeGrid(const Communicator& comm)
-    : nodes_(comm.node_count()), local_size_(comm.ranks_per_node()) {
-  ZCOLL_CHECK_LT(0, local_size_, "NodeGrid needs nodes of equal size");
-  rank_at_.assign(static_cast<std::size_t>(nodes_) * local_size_, -1);
-  std::vector<int> seen(nodes_, 0);  // ranks of each node met so far
-  for (int r = 0; r < comm.size(); ++r) {
-    const int n = comm.node_of(r), l = seen[n]++;
-    rank_at_[static_cast<std::size_t>(n) * local_size_ + l] = r;
-    if (r == comm.rank()) node_ = n, local_ = l;
+NodeGrid::NodeGrid(const Communicator& comm) : nodes_(comm.node_count()) {
+  std::vector<std::vector<int>> members(nodes_);  // each node's ranks, ascending
+  for (int r = 0; r < comm.size(); ++r) members[comm.node_of(r)].push_back(r);
+  local_size_ = static_cast<int>(members[0].size());
+  for (const auto& m : members) {
+    equal_ = equal_ && static_cast<int>(m.size()) == local_size_;
+    local_size_ = std::min(local_size_, static_cast<int>(m.size()));
   }
+  ZCOLL_CHECK_LT(0, local_size_, "every node holds a rank");
+  rank_at_.assign(static_cast<std::size_t>(nodes_) * local_size_, -1);
+  for (int n = 0; n < nodes_; ++n)
+    for (int l = 0; l < static_cast<int>(members[n].size()); ++l) {
+      const int r = members[n][l];
+      if (l < local_size_) rank_at_[static_cast<std::size_t>(n) * local_size_ + l] = r;
+      if (r == comm.rank()) node_ = n, local_ = l;
+    }
+  const std::vector<int>& mine = members[node_];
+  if (!core()) partner_ = mine[local_ % local_size_];
+  for (int l = local_size_; l < static_cast<int>(mine.size()) && core(); ++l)
+    if (l % local_size_ == local_) extras_.push_back(mine[l]);
 }
 
 std::string node_sizes(const Communicator& comm) {

@@ -12,20 +12,29 @@
 
 namespace zcoll::detail {
 
+// Nodes of different sizes: L is the smallest node's size; the first L ranks of each node form
+// the grid ("core" ranks), and every other rank is an extra that folds into the core rank of its
+// node with local index (its index mod L): it sends its input there first and gets the result
+// back at the end (allreduce_hierarchical.cc).
 class NodeGrid {
  public:
-  // Needs equal nodes (comm.ranks_per_node() > 0; the caller checks).
   explicit NodeGrid(const Communicator& comm);
   int nodes() const { return nodes_; }             // N
   int local_size() const { return local_size_; }   // L
   int node() const { return node_; }               // this rank's node, 0..N-1
-  int local() const { return local_; }             // this rank's index on its node (ascending ranks), 0..L-1
-  // The rank with local index l on node n (both taken modulo their ranges).
+  int local() const { return local_; }             // this rank's index on its node (ascending ranks)
+  bool core() const { return local_ < local_size_; }
+  bool equal() const { return equal_; }            // every node has L ranks: no extras anywhere
+  int partner() const { return partner_; }         // an extra's core rank (-1 on a core rank)
+  const std::vector<int>& extras() const { return extras_; }  // a core rank's extras, ascending
+  // The core rank with local index l on node n (both taken modulo their ranges).
   int rank(int n, int l) const { return rank_at_[mod(n, nodes_) * local_size_ + mod(l, local_size_)]; }
 
  private:
-  int nodes_, local_size_, node_ = 0, local_ = 0;
+  int nodes_, local_size_ = 0, node_ = 0, local_ = 0, partner_ = -1;
+  bool equal_ = true;
   std::vector<int> rank_at_;  // rank_at_[n * L + l]
+  std::vector<int> extras_;
 };
 
 // "2, 2" / "3, 1": the ranks on each node, for messages.

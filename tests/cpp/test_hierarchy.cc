@@ -1,8 +1,8 @@
 // The hierarchical allreduce and the topology-ordered ring over thread-ranks placed on nodes
 // (InProcOptions::nodes) and given link bandwidths (InProcOptions::bandwidth): every case of the
 // allreduce matrix (cases.h) against the references, bitwise identical on every rank, on node
-// layouts of 1..8 ranks (blocked, interleaved, one rank per node, one node); unequal nodes
-// refused; the ring order's search against brute force; what `auto` picks.
+// layouts of 1..8 ranks (blocked, interleaved, one rank per node, one node) and on unequal
+// nodes (extras folded); the ring order's search against brute force; what `auto` picks.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -96,34 +96,20 @@ TEST(hierarchical, every_case_on_every_equal_layout) {
   }
 }
 
-// Nodes of different sizes: refused on every rank before any message, with the sizes named;
-// auto does not pick it and works.
-TEST(hierarchical, unequal_nodes_refused) {
-  for (const std::vector<int>& nodes : {std::vector<int>{0, 0, 0, 1}, std::vector<int>{0, 1, 1}, std::vector<int>{0, 1, 2, 2, 2}}) {
+// Nodes of different sizes: the ranks beyond the smallest node's size fold into the others
+// (blocked and interleaved placements, extras folding into one core rank or several).
+TEST(hierarchical, unequal_nodes_fold) {
+  const std::vector<std::vector<int>> layouts = {{0, 0, 0, 1}, {0, 1, 1}, {0, 1, 2, 2, 2},
+                                                 {0, 1, 0, 0, 1, 0, 0}, {1, 1, 1, 1, 1, 0, 0}};
+  for (const std::vector<int>& nodes : layouts) {
     const int p = static_cast<int>(nodes.size());
     ztest::Context ctx(ztest::str("nodes ", describe(nodes)));
-    ON_RANKS(p, with_nodes({nodes}), [&](Communicator& comm) {
-      std::vector<float> x(1000, 1.0f), y(1000);
-      zcoll::AllreduceOptions o;
-      o.algorithm = Algorithm::kHierarchical;
-      const auto before = comm.stats().bytes_sent;
-      try {
-        zcoll::allreduce(comm, x.data(), y.data(), x.size(), DType::kFloat32, o);
-        FAIL_CHECK("no error");
-      } catch (const std::invalid_argument& e) {
-        CHECK(std::string(e.what()).find("same number of ranks on every node") != std::string::npos);
-      }
-      CHECK_EQ(comm.stats().bytes_sent, before);
-      o.algorithm = Algorithm::kAuto;
-      const Algorithm ran = zcoll::allreduce(comm, x.data(), y.data(), x.size(), DType::kFloat32, o);
-      CHECK(ran != Algorithm::kHierarchical);
-      CHECK_EQ(y[999], static_cast<float>(p));
-    });
+    cases::run_and_check(p, cases::allreduce_cases(Algorithm::kHierarchical, p), with_nodes({nodes}));
   }
 }
 
-// auto: hierarchical across nodes of more than one rank (above the small-message rules), not
-// with one rank per node nor on one node.
+// auto: hierarchical across nodes when one has several ranks (above the small-message rules),
+// not with one rank per node nor on one node.
 TEST(hierarchical, auto_picks_it_across_nodes) {
   struct Want {
     std::vector<int> nodes;
@@ -134,6 +120,7 @@ TEST(hierarchical, auto_picks_it_across_nodes) {
                         {{0, 1, 0, 1, 0, 1}, 1 << 16, Algorithm::kHierarchical},
                         {{0, 0, 1, 1}, 256, Algorithm::kRecursiveDoubling},
                         {{0, 1, 2, 3}, 1 << 18, Algorithm::kRing},
+                        {{0, 0, 0, 1}, 1 << 18, Algorithm::kHierarchical},
                         {{0, 0, 0, 0}, 1 << 18, Algorithm::kShm}};
   for (const Want& w : wants) {
     const int p = static_cast<int>(w.nodes.size());
