@@ -25,6 +25,10 @@
 //          inter-node lane, one message per lane per unit (a unit's two peers: one on the node,
 //          one on another node). So the node-local stages of the neighbouring blocks run while
 //          a block crosses the slow links, and every dependency points to an earlier group.
+// Unequal nodes: L is the smallest node's size; the other ranks ("extras", NodeGrid) send their
+//          input to a rank of the grid on their node before the phases (FoldExtras, added in
+//          ascending rank order) and receive the result after them; the grid alone runs 1-3.
+//          Dense only: the compressed stage needs equal nodes.
 // Identical bits: each element's final value is computed once, by the owner of its chunk in the
 //          inter-node ring (its decode, when compressed), and copied everywhere else.
 // Cost:    inter-node 2(N-1) alpha + 2(N-1)/N (S/L) beta per rank (L ranks share a node's link);

@@ -182,7 +182,7 @@ class Communicator(_C.Comm):
         op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
         recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
         node), hierarchical (node-local reduce-scatter, inter-node ring, node-local allgather;
-        the same number of ranks on every node), ordered_ring (the ring in the order of
+        on nodes of different sizes the extra ranks fold in first), ordered_ring (the ring in the order of
         ``ring_order``; needs a topology), or mpi (the MPI library's own MPI_Allreduce). Both
         also take the enums zcoll._C.ReduceOp / zcoll._C.Algorithm.
         out: where the result goes (may be x itself for in place); a new array when None.
