@@ -22,7 +22,6 @@ bool is_algorithm(const std::string& name) {
 
 bool available(MpiCommunicator& comm, const std::string& algo) {
   if (algo == "shm") return comm.has_shared_arena();
-  if (algo == "hierarchical") return comm.ranks_per_node() > 0;
   if (algo == "ordered_ring") return comm.topology().known();
   return true;
 }

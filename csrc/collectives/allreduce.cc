@@ -20,7 +20,9 @@ Algorithm allreduce(Communicator& comm, const void* in, void* out, std::size_t c
     caps.native_fast = comm.has_native_allreduce() && !comm.oversubscribed();
     caps.shared_memory = comm.has_shared_arena();
     caps.oversubscribed = comm.oversubscribed();
-    caps.node_hierarchy = comm.node_count() > 1 && comm.size() > comm.node_count();  // a node of several ranks
+    // Equal nodes only: the fold of unequal ones is serial, and a node of many extras can lose
+    // more than the link saves (docs/algorithms.md).
+    caps.node_hierarchy = comm.node_count() > 1 && comm.ranks_per_node() > 1;
     caps.ordered_ring_gain = comm.topology().known() ? comm.topology().ring_gain : 1.0;
     algorithm = choose_allreduce_algorithm(bytes, comm.size(), caps);
   }

@@ -11,10 +11,11 @@
 //    allreduce here); with ranks outnumbering cores those collectives busy-spin and take
 //    seconds per call, so not then.
 // 3. Recursive doubling up to 32 KiB (fewest steps).
-// 4. Ranks on several nodes, one of them with several ranks: `hierarchical`. Only the
+// 4. Ranks on several nodes with the same number (> 1) on each: `hierarchical`. Only the
 //    inter-node stage crosses nodes, carrying 2(N-1)/N S per node link against 2(p-1)/p S for a
-//    ring (1.5x less for 2 nodes x 2 ranks; docs/algorithms.md); on nodes of different sizes the
-//    ranks beyond the smallest node's size fold into the others over node-local links first.
+//    ring (1.5x less for 2 nodes x 2 ranks; docs/algorithms.md), in no more steps than the ring.
+//    Not on nodes of different sizes: their extra ranks' fold is serial and one node of many
+//    extras can cost more than the link saves (algorithm='hierarchical' still runs there).
 // 5. A known topology (ZCOLL_TOPOLOGY, set_topology) whose best ring order has a slowest hop at
 //    least kOrderedRingGain times faster than rank order's: `ordered_ring` (a ring's time is its
 //    slowest hop's; below that gain, measurement noise may be all the difference).

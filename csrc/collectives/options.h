@@ -93,7 +93,7 @@ struct Capabilities {
   bool native_fast = false;  // the transport's own allreduce, not crippled by oversubscription
   bool shared_memory = false;  // every rank on one node
   bool oversubscribed = false;
-  bool node_hierarchy = false;  // several nodes, one of them with several ranks
+  bool node_hierarchy = false;  // several nodes, each with the same number (> 1) of ranks
   double ordered_ring_gain = 1.0;  // Topology::ring_gain: how much faster the ordered ring's slowest hop is
 };
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);

@@ -35,8 +35,8 @@ def choose_algorithm(
     """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
 
     shared_memory: every rank on one node; oversubscribed: more ranks than cores on a node
-    (then MPI's own collectives busy-spin and are never picked); node_hierarchy: several nodes,
-    one of them with several ranks; ordered_ring_gain: how many times faster the
+    (then MPI's own collectives busy-spin and are never picked); node_hierarchy: several nodes
+    with the same number (> 1) of ranks each; ordered_ring_gain: how many times faster the
     slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain)."""
     return _C.choose_allreduce_algorithm(
         nbytes, ranks, not oversubscribed, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain

@@ -108,8 +108,8 @@ TEST(hierarchical, unequal_nodes_fold) {
   }
 }
 
-// auto: hierarchical across nodes when one has several ranks (above the small-message rules),
-// not with one rank per node nor on one node.
+// auto: hierarchical across equal nodes of several ranks (above the small-message rules), not
+// on unequal nodes, with one rank per node nor on one node.
 TEST(hierarchical, auto_picks_it_across_nodes) {
   struct Want {
     std::vector<int> nodes;
@@ -120,7 +120,7 @@ TEST(hierarchical, auto_picks_it_across_nodes) {
                         {{0, 1, 0, 1, 0, 1}, 1 << 16, Algorithm::kHierarchical},
                         {{0, 0, 1, 1}, 256, Algorithm::kRecursiveDoubling},
                         {{0, 1, 2, 3}, 1 << 18, Algorithm::kRing},
-                        {{0, 0, 0, 1}, 1 << 18, Algorithm::kHierarchical},
+                        {{0, 0, 0, 1}, 1 << 18, Algorithm::kRing},  // unequal: named only
                         {{0, 0, 0, 0}, 1 << 18, Algorithm::kShm}};
   for (const Want& w : wants) {
     const int p = static_cast<int>(w.nodes.size());

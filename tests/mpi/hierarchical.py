@@ -18,7 +18,7 @@ crosses nodes; unequal: the extra ranks fold in, the compressed stage is refused
    on every rank (the compressed stage needs equal nodes).
    `auto` with int8 gives the bits of the explicit hierarchical call on such nodes.
 3. auto_choice: what `auto` ran at 1 MiB (read back from the flight recorder): hierarchical on
-   several nodes, one of them with several ranks, shm on one node, the ordered ring once a topology with a slow
+   equal nodes of several ranks (not on unequal ones), shm on one node, the ordered ring once a topology with a slow
    link is set, the ring otherwise.
 4. ordered_ring: set_topology with one directed link at 1/4 rate: the ring order avoids it (from
    3 ranks on), results exact and identical on every rank; check mode raises MismatchError on
@@ -47,7 +47,7 @@ p, rank = comm.size, comm.rank
 expected = [int(x) for x in option("nodes", ",".join("0" * WORLD.size)).split(",")]
 node_sizes = [expected.count(n) for n in sorted(set(expected))]
 equal_nodes = len(set(node_sizes)) == 1
-multi_level = len(node_sizes) > 1 and max(node_sizes) > 1  # auto runs hierarchical
+multi_level = equal_nodes and len(node_sizes) > 1 and node_sizes[0] > 1  # auto runs hierarchical
 # 0, 1, odd, around a block of 256, several 4 KiB segments (the launch sets ZCOLL_SEGMENT_BYTES)
 SIZES = (0, 1, 7, 1000, 40_003)
 
