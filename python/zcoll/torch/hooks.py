@@ -186,7 +186,7 @@ class CompressionState:
                 buf.add_(torch.from_numpy(e).reshape(-1))
                 compressor.reset(key)
             return comm.allreduce(buf, op="avg", out=buf)
-        out = comm.allreduce(buf, op="avg", compression=compressor, key=key)
+        out = comm.allreduce(buf, op="avg", compression=compressor, key=key, out=buf)  # in place: no allocation
         if u is not None:
             mc.mask_sent(u, compressor.residual(key))
         return out
