@@ -84,24 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
     p.set_defaults(func=_info)
-    p = sub.add_parser(
-        "run",
-        help="run an MPI job, restarting it from its last checkpoint when it fails",
-        description=launcher.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    launcher.add_arguments(p)
-    p.set_defaults(func=launcher.run)
     from . import probe
 
-    p = sub.add_parser(
-        "probe",
-        help="measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement",
-        description=probe.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    probe.add_arguments(p)
-    p.set_defaults(func=probe.main)
+    for command, module, entry, summary in (
+        ("run", launcher, launcher.run, "run an MPI job, restarting it from its last checkpoint when it fails"),
+        ("probe", probe, probe.main,
+         "measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement"),
+    ):  # fmt: skip
+        p = sub.add_parser(
+            command, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        module.add_arguments(p)
+        p.set_defaults(func=entry)
 
     p = sub.add_parser(
         "report",
