@@ -35,6 +35,11 @@ def check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
             f"zcoll {call}: {what} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
         )
     if not t.is_contiguous():
+        if t.layout != torch.strided:  # checked here: a dense tensor never pays for it
+            raise NotImplementedError(
+                f"zcoll {call}: {what} is a sparse tensor ({t.layout}); sparse tensors are not supported "
+                "by the zcoll backend: reduce t.to_dense(), or use gloo, which reduces sparse tensors"
+            )
         raise ValueError(f"zcoll {call}: {what} is not contiguous; call .contiguous() first")
     return t
 
