@@ -14,15 +14,18 @@ mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_
 
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
-all_to_all, gather, scatter, barrier, send, recv, isend/irecv, the *_coalesced variants of
-allreduce / allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them.
-Anything else raises NotImplementedError naming the call.
+all_to_all, gather, scatter, barrier, monitored_barrier (``_monitor``), send, recv, isend/irecv
+(with or without src), the *_coalesced variants of allreduce / allgather_into_tensor /
+reduce_scatter_tensor, and async_op=True for all of them. Anything else raises
+NotImplementedError naming the call (sparse tensors too).
 
 Timeouts: the group's ``timeout=`` (``init_process_group`` / ``new_group``; when left at torch's
 default, ``ZCOLL_TIMEOUT``) is the deadline of every collective and point-to-point wait; on
 expiry every surviving rank raises ``zcoll.TimeoutError`` naming the ranks that never arrived,
 and the group is broken (later calls raise ``zcoll.BrokenError``). ``Work.wait(timeout)`` aborts
-the operation the same way when it is not done in time.
+the operation the same way when it is not done in time. A failed send/recv breaks the group's
+point-to-point channel (a late message of it must never be matched by a later receive), a failed
+all-to-all / gather / scatter the whole group; MPI's errors are translated (``_p2p``).
 
 Example::
 
