@@ -57,7 +57,7 @@ os.environ.update(
 # isort: split
 import torch.distributed as dist  # noqa: E402
 import zcoll.torch  # noqa: E402,F401  (registers the backend)
-from torch.testing._internal.common_distributed import CUSTOM_PG_TIMEOUT, TEST_SKIPS  # noqa: E402
+from torch.testing._internal.common_distributed import TEST_SKIPS  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 from torch.testing._internal.distributed import distributed_test as dt  # noqa: E402
 
@@ -115,7 +115,7 @@ def _fresh_world(name: str) -> None:
         dist.destroy_process_group()
     _fresh_groups += 1
     store = f"file://{TEMP_DIR}/stores/world{_fresh_groups}"
-    timeout = CUSTOM_PG_TIMEOUT.get(name, PG_TIMEOUT)
+    timeout = dt.CUSTOM_PG_TIMEOUT.get(name, PG_TIMEOUT)
     dist.init_process_group("zcoll", init_method=store, world_size=SIZE, rank=RANK, timeout=timedelta(seconds=timeout))
 
 
