@@ -7,6 +7,8 @@ Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/collectives.py [case ...]
 
 import os
 import sys
+import time
+from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
@@ -341,8 +343,94 @@ def case_error_device_and_dtype(ck: Checks):
 def case_error_sizes_and_unsupported_calls(ck: Checks):
     ck.raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
     ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
-    ck.raises(NotImplementedError, lambda: PG.recv_anysource([torch.ones(2)], 0), "recv_anysource")
-    ck.raises(NotImplementedError, lambda: PG.monitored_barrier(), "monitored_barrier")
+    sparse = torch.eye(3).to_sparse()
+    ck.raises(NotImplementedError, lambda: dist.all_reduce(sparse), "sparse tensors are not supported by the zcoll")
+    ck.raises(NotImplementedError, lambda: PG.allgather_coalesced([[torch.ones(2)]], [torch.ones(2)]), "allgather")
+
+
+def case_recv_without_src(ck: Checks):
+    """recv / irecv without src take whichever rank's message comes; both name the sender."""
+    if R == 0:
+        senders = []
+        for k in range(N - 1):
+            got = torch.empty(5)
+            if k % 2:
+                w = dist.irecv(got, tag=9)
+                w.wait()
+                sender = w._source_rank()
+            else:
+                sender = dist.recv(got, tag=9)
+            senders.append(sender)
+            ck.check(got.eq(float(sender)).all(), "payload", f"from {sender}: {got}")
+        ck.check(sorted(senders) == list(range(1, N)), "senders", f"{senders}")
+    else:
+        dist.send(torch.full((5,), float(R)), 0, tag=9)
+        ck.check(True)
+
+
+def case_monitored_barrier(ck: Checks):
+    """gloo's monitored barrier: passes when everyone comes; otherwise rank 0 names who did not,
+    the others are told; a late arrival of a failed barrier cannot pass a later one."""
+    dist.monitored_barrier(timeout=timedelta(seconds=10))
+    dist.monitored_barrier(timeout=10.0, wait_all_ranks=True)
+    ck.check(True)
+    late = N - 1
+    if R == late:  # arrives after rank 0 gave up: hears no verdict
+        time.sleep(0.6)
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.2),
+                  f"Rank {late} successfully reached monitoredBarrier", "no verdict")
+    elif R == 0:
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.2),
+                  f"[Rank 0]: Rank {late} failed to pass monitoredBarrier in 200 ms")
+    else:
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.2),
+                  f"Rank {R} successfully reached monitoredBarrier", "did not arrive")
+    dist.barrier()
+    dist.monitored_barrier(timeout=10.0)  # rank 0 drops the late arrival first
+    if R == 0:  # rank `late` stays away: its stale arrival must not stand in for it
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.3, wait_all_ranks=True),
+                  f"Ranks {late} failed to pass monitoredBarrier in 300 ms")
+    elif R != late:
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.3), "successfully reached")
+    dist.barrier()
+    if R == 0:
+        ck.raises(dist.DistBackendError, lambda: PG.monitored_barrier(timedelta(0)),
+                  "Rank 0 timed out in monitoredBarrier after 0 ms")
+
+
+def case_failed_p2p_breaks_the_channel(ck: Checks):
+    """A recv that timed out leaves its peer's late message unmatched forever: later send/recv
+    on that group raise BrokenError; the group's collectives and other groups go on."""
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
+    t = torch.zeros(4)
+    if R == 0:
+        ck.raises(zcoll.TimeoutError, lambda: dist.recv(t, 1, group=sub, tag=3), "recv from rank 1", "timed out")
+    dist.barrier()
+    if R == 1:
+        dist.send(torch.ones(4), 0, group=sub, tag=3)  # late: eager, so it completes here
+    dist.barrier()
+    if R == 0:
+        ck.raises(zcoll.BrokenError, lambda: dist.recv(t, 1, group=sub, tag=3), "point-to-point channel broke")
+        ck.check(t.eq(0).all(), "the late message was never received", f"{t}")
+    if R in (0, 1):
+        u = torch.ones(2)
+        dist.all_reduce(u, group=sub)
+        ck.check(u.eq(2).all(), "collectives go on", f"{u}")
+    ck.check(True)
+    dist.destroy_process_group(sub)
+
+
+def case_truncated_recv_is_explained(ck: Checks):
+    """MPI's bare 'message truncated' comes back as what happened: which receive, which peer."""
+    sub = dist.new_group([0, 1])
+    if R == 0:
+        dist.send(torch.ones(8), 1, group=sub, tag=4)
+    elif R == 1:
+        ck.raises(zcoll.ZcollError, lambda: dist.recv(torch.empty(4), 0, group=sub, tag=4),
+                  "recv from rank 0 (tag 4)", "smaller receive buffer", "another operation")
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
 
 
 if __name__ == "__main__":
