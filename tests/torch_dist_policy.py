@@ -41,7 +41,17 @@ CLAIMED: Dict[str, str] = {
 }
 
 # Tests that run and cannot pass on zcoll: name -> why.
-EXCLUDED: Dict[str, str] = {}
+_NO_MODEL = (
+    "its body builds the DDP model only `if BACKEND == \"mpi\" or BACKEND == \"gloo\"` (CPU) or "
+    "\"nccl\" (GPU): under any other backend name it reaches `ddp_model` unset (UnboundLocalError); "
+    "a limit of the test, not of the backend (DDP, its hooks and no_sync on zcoll: tests/torch_mpi/ddp.py)"
+)
+EXCLUDED: Dict[str, str] = {
+    "test_accumulate_gradients_no_sync": _NO_MODEL,
+    "test_accumulate_gradients_no_sync_allreduce_hook": _NO_MODEL,
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": _NO_MODEL,
+    "test_accumulate_gradients_no_sync_grad_is_view": _NO_MODEL,
+}
 
 MUST_RUN = (
     "test_barrier_timeout_global",

@@ -345,7 +345,7 @@ def case_error_sizes_and_unsupported_calls(ck: Checks):
     ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
     sparse = torch.eye(3).to_sparse()
     ck.raises(NotImplementedError, lambda: dist.all_reduce(sparse), "sparse tensors are not supported by the zcoll")
-    ck.raises(NotImplementedError, lambda: PG.allgather_coalesced([[torch.ones(2)]], [torch.ones(2)]), "allgather")
+    ck.raises(NotImplementedError, lambda: PG.split_group([0]), "split_group")
 
 
 def case_recv_without_src(ck: Checks):

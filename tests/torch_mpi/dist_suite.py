@@ -9,7 +9,8 @@ rank. What the adapter does, per test (one harness case each, named after the te
    earlier test (a leftover message, a broken or re-initialised group, a changed timeout) can
    reach this one; torch's file-based Barrier is reset.
 2. The test runs through unittest (its setUp, skips and tearDown included). Skips that torch
-   decides by the backend's name and that zcoll claims (tests/torch_dist_policy.py) are lifted.
+   decides by the backend's name and that zcoll claims (tests/torch_dist_policy.py) are lifted,
+   and so are the small / odd world size skips, from which torch exempted its mpi runner.
 3. Outcome per rank: pass, skip (torch's reason: a unittest skip, or the process exit a
    TEST_SKIPS code stands for) or fail (the traceback). Skips are printed as
    ``ZCOLL-TORCH-SKIP <test> rank <r>: <reason>``; a failure is a failed check with the traceback.
@@ -57,8 +58,20 @@ os.environ.update(
 # isort: split
 import torch.distributed as dist  # noqa: E402
 import zcoll.torch  # noqa: E402,F401  (registers the backend)
+from torch.testing._internal import common_distributed  # noqa: E402
 from torch.testing._internal.common_distributed import TEST_SKIPS  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
+
+
+def _as_under_the_mpi_runner(func):
+    """skip_if_small_worldsize / skip_if_odd_worldsize skip below 8 or at odd world sizes unless
+    BACKEND is "mpi": a limit of torch's spawned GPU runs, from which its mpi runner (one process
+    per rank, any world size), which this script is, was exempt. Same exemption here."""
+    return func
+
+
+common_distributed.skip_if_small_worldsize = _as_under_the_mpi_runner  # before distributed_test imports them
+common_distributed.skip_if_odd_worldsize = _as_under_the_mpi_runner
 from torch.testing._internal.distributed import distributed_test as dt  # noqa: E402
 
 SKIP_EXIT_CODES = {s.exit_code: s.message for s in TEST_SKIPS.values()}

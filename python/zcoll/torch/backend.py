@@ -14,7 +14,8 @@ mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_
 
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
-all_to_all, gather, scatter, barrier, monitored_barrier (``_monitor``), send, recv, isend/irecv
+all_to_all, gather, scatter, all_gather_coalesced, barrier, monitored_barrier (``_monitor``),
+send, recv, isend/irecv
 (with or without src), the *_coalesced variants of allreduce / allgather_into_tensor /
 reduce_scatter_tensor, and async_op=True for all of them. Anything else raises
 NotImplementedError naming the call (sparse tensors too).
@@ -204,6 +205,30 @@ class ProcessGroupZcoll(dist.ProcessGroup):
                 comm.allgather(i, out=o)
 
         return self._exec.call(run, outs, chk.is_async(opts))
+
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        """dist.all_gather_coalesced: output_lists[r][i] receives inputs[i] of rank r; one
+        allgather per tensor (the tensors may differ in shape and dtype)."""
+        if len(output_lists) != self.size() or any(len(o) != len(inputs) for o in output_lists):
+            raise ValueError(
+                f"zcoll all_gather_coalesced: expected {self.size()} output lists of {len(inputs)} tensors, "
+                f"got {[len(o) for o in output_lists]}"
+            )
+        for i, inp in enumerate(inputs):
+            chk.check("all_gather_coalesced", inp, f"input_tensor_list[{i}]")
+            chk.same("all_gather_coalesced", inp, [o[i] for o in output_lists], f"output_tensor_lists[*][{i}]",
+                     inp.numel())
+        comm = self._comm
+
+        def run() -> None:
+            for i, inp in enumerate(inputs):
+                gathered = comm.allgather(inp)
+                for r, outs in enumerate(output_lists):
+                    outs[i].view(-1).copy_(gathered[r].view(-1))
+
+        return self._exec.call(run, output_lists, chk.is_async(opts))
 
     def reduce_scatter(
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
@@ -418,7 +443,6 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             timeout = self._comm.timeout or c10d.default_pg_timeout
         _monitor.monitored_barrier(self._coll_p2p, timeout, wait_all_ranks)
 
-    allgather_coalesced = chk.unsupported("allgather_coalesced (use all_gather_into_tensor)")
     split_group = chk.unsupported("split_group (use dist.new_group)")
     merge_remote_group = chk.unsupported("merge_remote_group")
 
