@@ -20,8 +20,8 @@ pytest.importorskip("expecttest", reason="torch's test utilities need expecttest
 RANKS = 3
 SCRIPT = "torch_mpi/dist_suite.py"
 NAMES = policy.test_names()
-# At least this many tests pass (measured: see the commit that set it); a drop fails the summary.
-MIN_PASSED = 1
+# At least this many tests pass; a drop fails the summary.
+MIN_PASSED = 121  # 121 of 285 at 3 ranks on a CPU-only torch 2.13 (4 excluded, 160 skipped by torch)
 _SKIP = re.compile(r"^ZCOLL-TORCH-SKIP (\S+) rank (\d+): (.*)$", re.MULTILINE)
 
 
