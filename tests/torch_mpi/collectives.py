@@ -422,6 +422,21 @@ def case_failed_p2p_breaks_the_channel(ck: Checks):
     dist.destroy_process_group(sub)
 
 
+def case_work_wait_timeout_gives_up_a_recv(ck: Checks):
+    """Work.wait(timeout) on a recv that nothing will match: raises in time, cancels the receive
+    and breaks the group's point-to-point channel."""
+    sub = dist.new_group([0, 1])
+    if R == 0:
+        w = dist.irecv(torch.zeros(2), 1, group=sub, tag=6)
+        start = time.monotonic()
+        ck.raises(zcoll.TimeoutError, lambda: w.wait(timedelta(seconds=0.3)), "Work.wait(timeout=0.3 s) expired")
+        ck.check(time.monotonic() - start < 3, "gave up in time", f"{time.monotonic() - start:.1f} s")
+        ck.raises(zcoll.BrokenError, lambda: dist.send(torch.ones(2), 1, group=sub), "point-to-point channel broke")
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+
+
 def case_truncated_recv_is_explained(ck: Checks):
     """MPI's bare 'message truncated' comes back as what happened: which receive, which peer."""
     sub = dist.new_group([0, 1])
