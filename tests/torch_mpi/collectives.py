@@ -388,7 +388,7 @@ def case_monitored_barrier(ck: Checks):
         ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.1),
                   f"Rank {late} successfully reached monitoredBarrier", "no verdict")
     dist.barrier()
-    dist.monitored_barrier(timeout=10.0)  # rank 0 drops the late arrival first
+    dist.monitored_barrier(timeout=10.0)  # the late arrival has its own call's tag
     if R == 0:  # rank `late` stays away: its stale arrival must not stand in for it
         ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0, wait_all_ranks=True),
                   f"Ranks {late} failed to pass monitoredBarrier in 2000 ms")

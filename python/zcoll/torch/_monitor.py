@@ -13,12 +13,12 @@ A barrier that says who did not come, for finding the rank that hangs a job.
    monitoredBarrier, but received errors while waiting for send/recv from rank 0``. All raise
    torch's DistBackendError (a RuntimeError), as gloo does.
 
-Messages travel on the group's own internal communicator, with tags of their own, so they never
-meet users' send/recv or other collectives. A late message of a failed barrier (an arrival after
-rank 0 gave up, a verdict after a rank stopped waiting) is received and dropped when the next
-monitored_barrier starts, so it cannot pass that barrier for a rank that has not come. (One that
-arrives during that next barrier is taken for it: the barrier carries no sequence number because
-ranks that skipped a failed barrier would disagree on it.)
+Messages travel on the group's own internal communicator with tags of their own, one pair per
+call (the n-th monitored_barrier of a group uses tags from n), so a late message of a failed
+barrier (an arrival after rank 0 gave up, a verdict nobody waited for) never meets a later
+barrier: it cannot pass a barrier for a rank that has not come. As in gloo, whose tags also count
+calls, every rank must make the same calls: a rank that skipped one is out of step afterwards,
+and rank 0 names it in every later barrier. Tags repeat after TAG_PAIRS calls.
 
 Cost: 2 (p - 1) one-byte messages, all through rank 0; rank 0 polls, yielding the core.
 """
@@ -32,8 +32,8 @@ from typing import Any, List
 import numpy as np
 import torch.distributed as dist
 
-ARRIVE_TAG = 7101
-VERDICT_TAG = 7102
+TAG_BASE = 16384  # tags TAG_BASE .. TAG_BASE + 2 * TAG_PAIRS - 1 (MPI guarantees up to 32767)
+TAG_PAIRS = 8192
 GRACE_SECONDS = 5.0  # how much longer than rank 0 a waiting rank waits for the verdict
 _POLL_SECONDS = 50e-6
 
@@ -48,34 +48,25 @@ def seconds(timeout: Any) -> float:
     return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
 
 
-def monitored_barrier(comm: Any, timeout: Any, wait_all_ranks: bool = False) -> None:
-    """The barrier over mpi4py communicator `comm` (see the module docstring)."""
-    _drain(comm)
+def monitored_barrier(comm: Any, call: int, timeout: Any, wait_all_ranks: bool = False) -> None:
+    """The `call`-th monitored barrier over mpi4py communicator `comm` (see the module docstring)."""
     if comm.size == 1:
         return
+    arrive = TAG_BASE + 2 * (call % TAG_PAIRS)
     if comm.rank == 0:
-        _root(comm, seconds(timeout), wait_all_ranks)
+        _root(comm, arrive, seconds(timeout), wait_all_ranks)
     else:
-        _member(comm, seconds(timeout))
+        _member(comm, arrive, seconds(timeout))
 
 
-def _drain(comm: Any) -> None:
-    """Receives and drops what an earlier failed barrier left for this rank."""
-    MPI = _mpi()
-    tag = ARRIVE_TAG if comm.rank == 0 else VERDICT_TAG
-    junk = np.empty(1, np.uint8)
-    while comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
-        comm.Recv([junk, MPI.BYTE], source=MPI.ANY_SOURCE, tag=tag)
-
-
-def _root(comm: Any, timeout: float, wait_all_ranks: bool) -> None:
+def _root(comm: Any, arrive: int, timeout: float, wait_all_ranks: bool) -> None:
     MPI = _mpi()
     ms = int(round(timeout * 1000))
     if timeout <= 0:
         raise dist.DistBackendError(f"Rank 0 timed out in monitoredBarrier after {ms} ms.")
     others = range(1, comm.size)
     boxes = {r: np.zeros(1, np.uint8) for r in others}
-    pending = {r: comm.Irecv([boxes[r], MPI.BYTE], source=r, tag=ARRIVE_TAG) for r in others}
+    pending = {r: comm.Irecv([boxes[r], MPI.BYTE], source=r, tag=arrive) for r in others}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for r in [r for r, req in pending.items() if req.Test()]:
@@ -87,32 +78,32 @@ def _root(comm: Any, timeout: float, wait_all_ranks: bool) -> None:
         req.Wait()  # a cancelled receive completes at once
     missing = sorted(pending)
     verdict = np.array([0 if missing else 1], np.uint8)
-    _send_all(comm, verdict, [r for r in others if r not in pending])
+    _send_all(comm, verdict, [r for r in others if r not in pending], arrive + 1)
     if not missing:
         return
     who = f"Ranks {', '.join(map(str, missing))}" if wait_all_ranks else f"Rank {missing[0]}"
     raise dist.DistBackendError(f"[Rank 0]: {who} failed to pass monitoredBarrier in {ms} ms")
 
 
-def _send_all(comm: Any, verdict: np.ndarray, ranks: List[int]) -> None:
+def _send_all(comm: Any, verdict: np.ndarray, ranks: List[int], tag: int) -> None:
     MPI = _mpi()
-    requests = [comm.Isend([verdict, MPI.BYTE], dest=r, tag=VERDICT_TAG) for r in ranks]
+    requests = [comm.Isend([verdict, MPI.BYTE], dest=r, tag=tag) for r in ranks]
     MPI.Request.Waitall(requests)  # one byte each: sent eagerly
 
 
-def _member(comm: Any, timeout: float) -> None:
+def _member(comm: Any, arrive: int, timeout: float) -> None:
     MPI = _mpi()
     me = comm.rank
     arrived = np.ones(1, np.uint8)
-    send = comm.Isend([arrived, MPI.BYTE], dest=0, tag=ARRIVE_TAG)
+    send = comm.Isend([arrived, MPI.BYTE], dest=0, tag=arrive)
     verdict = np.zeros(1, np.uint8)
-    recv = comm.Irecv([verdict, MPI.BYTE], source=0, tag=VERDICT_TAG)
+    recv = comm.Irecv([verdict, MPI.BYTE], source=0, tag=arrive + 1)
     deadline = time.monotonic() + timeout + GRACE_SECONDS
     while not recv.Test():
         if time.monotonic() > deadline:
             recv.Cancel()
             recv.Wait()
-            send.Wait()  # one byte: sent eagerly; rank 0 drops it at its next barrier
+            send.Wait()  # one byte: sent eagerly; no later barrier receives with its tag
             raise dist.DistBackendError(_member_error(me, f"no verdict within {timeout + GRACE_SECONDS:g} s"))
         time.sleep(_POLL_SECONDS)
     send.Wait()

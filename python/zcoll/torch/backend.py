@@ -78,6 +78,7 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         self._p2p_abort: Optional[str] = None  # set by Work.wait(timeout) on a send/recv
         self._p2p_failure: Optional[str] = None  # why the users' send/recv channel broke
         self._coll_failure: Optional[str] = None  # why all-to-all / gather / scatter broke
+        self._monitored_calls = 0  # monitored_barrier calls so far (their tags)
         self._group_name = name
         self._group_desc = ""
         _live.add(self)
@@ -441,7 +442,8 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         arrive within `timeout` (default: the group's timeout)."""
         if timeout is None:
             timeout = self._comm.timeout or c10d.default_pg_timeout
-        _monitor.monitored_barrier(self._coll_p2p, timeout, wait_all_ranks)
+        self._monitored_calls += 1
+        _monitor.monitored_barrier(self._coll_p2p, self._monitored_calls, timeout, wait_all_ranks)
 
     split_group = chk.unsupported("split_group (use dist.new_group)")
     merge_remote_group = chk.unsupported("merge_remote_group")
