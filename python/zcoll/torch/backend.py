@@ -15,10 +15,9 @@ mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
 all_to_all, gather, scatter, all_gather_coalesced, barrier, monitored_barrier (``_monitor``),
-send, recv, isend/irecv
-(with or without src), the *_coalesced variants of allreduce / allgather_into_tensor /
-reduce_scatter_tensor, and async_op=True for all of them. Anything else raises
-NotImplementedError naming the call (sparse tensors too).
+send, recv, isend/irecv (with or without src), the *_coalesced variants of allreduce /
+allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them. Anything else
+raises NotImplementedError naming the call (sparse tensors too).
 
 Timeouts: the group's ``timeout=`` (``init_process_group`` / ``new_group``; when left at torch's
 default, ``ZCOLL_TIMEOUT``) is the deadline of every collective and point-to-point wait; on
