@@ -42,8 +42,8 @@ CLAIMED: Dict[str, str] = {
 
 # Tests that run and cannot pass on zcoll: name -> why.
 _NO_MODEL = (
-    "its body builds the DDP model only `if BACKEND == \"mpi\" or BACKEND == \"gloo\"` (CPU) or "
-    "\"nccl\" (GPU): under any other backend name it reaches `ddp_model` unset (UnboundLocalError); "
+    'its body builds the DDP model only `if BACKEND == "mpi" or BACKEND == "gloo"` (CPU) or '
+    '"nccl" (GPU): under any other backend name it reaches `ddp_model` unset (UnboundLocalError); '
     "a limit of the test, not of the backend (DDP, its hooks and no_sync on zcoll: tests/torch_mpi/ddp.py)"
 )
 EXCLUDED: Dict[str, str] = {

@@ -344,7 +344,9 @@ def case_error_sizes_and_unsupported_calls(ck: Checks):
     ck.raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
     ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
     sparse = torch.eye(3).to_sparse()
-    ck.raises(NotImplementedError, lambda: dist.all_reduce(sparse), "sparse tensors are not supported by the zcoll")
+    ck.raises(
+        NotImplementedError, lambda: dist.all_reduce(sparse), "sparse tensors are not supported by the zcoll"
+    )
     ck.raises(NotImplementedError, lambda: PG.split_group([0]), "split_group")
 
 
@@ -378,26 +380,43 @@ def case_monitored_barrier(ck: Checks):
     ck.check(True)
     late = N - 1
     if R == 0:
-        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0),
-                  f"[Rank 0]: Rank {late} failed to pass monitoredBarrier in 2000 ms")
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0),
+            f"[Rank 0]: Rank {late} failed to pass monitoredBarrier in 2000 ms",
+        )
     elif R != late:
-        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0),
-                  f"Rank {R} successfully reached monitoredBarrier", "did not arrive")
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0),
+            f"Rank {R} successfully reached monitoredBarrier",
+            "did not arrive",
+        )
     dist.barrier()
     if R == late:  # after rank 0 gave up: no verdict comes, and its arrival stays behind
-        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=0.1),
-                  f"Rank {late} successfully reached monitoredBarrier", "no verdict")
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=0.1),
+            f"Rank {late} successfully reached monitoredBarrier",
+            "no verdict",
+        )
     dist.barrier()
     dist.monitored_barrier(timeout=10.0)  # the late arrival has its own call's tag
     if R == 0:  # rank `late` stays away: its stale arrival must not stand in for it
-        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0, wait_all_ranks=True),
-                  f"Ranks {late} failed to pass monitoredBarrier in 2000 ms")
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0, wait_all_ranks=True),
+            f"Ranks {late} failed to pass monitoredBarrier in 2000 ms",
+        )
     elif R != late:
         ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0), "successfully reached")
     dist.barrier()
     if R == 0:
-        ck.raises(dist.DistBackendError, lambda: PG.monitored_barrier(timedelta(0)),
-                  "Rank 0 timed out in monitoredBarrier after 0 ms")
+        ck.raises(
+            dist.DistBackendError,
+            lambda: PG.monitored_barrier(timedelta(0)),
+            "Rank 0 timed out in monitoredBarrier after 0 ms",
+        )
 
 
 def case_failed_p2p_breaks_the_channel(ck: Checks):
@@ -406,13 +425,17 @@ def case_failed_p2p_breaks_the_channel(ck: Checks):
     sub = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
     t = torch.zeros(4)
     if R == 0:
-        ck.raises(zcoll.TimeoutError, lambda: dist.recv(t, 1, group=sub, tag=3), "recv from rank 1", "timed out")
+        ck.raises(
+            zcoll.TimeoutError, lambda: dist.recv(t, 1, group=sub, tag=3), "recv from rank 1", "timed out"
+        )
     dist.barrier()
     if R == 1:
         dist.send(torch.ones(4), 0, group=sub, tag=3)  # late: eager, so it completes here
     dist.barrier()
     if R == 0:
-        ck.raises(zcoll.BrokenError, lambda: dist.recv(t, 1, group=sub, tag=3), "point-to-point channel broke")
+        ck.raises(
+            zcoll.BrokenError, lambda: dist.recv(t, 1, group=sub, tag=3), "point-to-point channel broke"
+        )
         ck.check(t.eq(0).all(), "the late message was never received", f"{t}")
     if R in (0, 1):
         u = torch.ones(2)
@@ -429,9 +452,13 @@ def case_work_wait_timeout_gives_up_a_recv(ck: Checks):
     if R == 0:
         w = dist.irecv(torch.zeros(2), 1, group=sub, tag=6)
         start = time.monotonic()
-        ck.raises(zcoll.TimeoutError, lambda: w.wait(timedelta(seconds=0.3)), "Work.wait(timeout=0.3 s) expired")
+        ck.raises(
+            zcoll.TimeoutError, lambda: w.wait(timedelta(seconds=0.3)), "Work.wait(timeout=0.3 s) expired"
+        )
         ck.check(time.monotonic() - start < 3, "gave up in time", f"{time.monotonic() - start:.1f} s")
-        ck.raises(zcoll.BrokenError, lambda: dist.send(torch.ones(2), 1, group=sub), "point-to-point channel broke")
+        ck.raises(
+            zcoll.BrokenError, lambda: dist.send(torch.ones(2), 1, group=sub), "point-to-point channel broke"
+        )
     ck.check(True)
     dist.barrier()
     dist.destroy_process_group(sub)
@@ -443,8 +470,13 @@ def case_truncated_recv_is_explained(ck: Checks):
     if R == 0:
         dist.send(torch.ones(8), 1, group=sub, tag=4)
     elif R == 1:
-        ck.raises(zcoll.ZcollError, lambda: dist.recv(torch.empty(4), 0, group=sub, tag=4),
-                  "recv from rank 0 (tag 4)", "smaller receive buffer", "another operation")
+        ck.raises(
+            zcoll.ZcollError,
+            lambda: dist.recv(torch.empty(4), 0, group=sub, tag=4),
+            "recv from rank 0 (tag 4)",
+            "smaller receive buffer",
+            "another operation",
+        )
     ck.check(True)
     dist.barrier()
     dist.destroy_process_group(sub)

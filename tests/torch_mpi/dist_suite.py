@@ -129,7 +129,9 @@ def _fresh_world(name: str) -> None:
     _fresh_groups += 1
     store = f"file://{TEMP_DIR}/stores/world{_fresh_groups}"
     timeout = dt.CUSTOM_PG_TIMEOUT.get(name, PG_TIMEOUT)
-    dist.init_process_group("zcoll", init_method=store, world_size=SIZE, rank=RANK, timeout=timedelta(seconds=timeout))
+    dist.init_process_group(
+        "zcoll", init_method=store, world_size=SIZE, rank=RANK, timeout=timedelta(seconds=timeout)
+    )
 
 
 def _reset_file_barrier() -> None:

@@ -92,7 +92,9 @@ def _mpi_error(error: Any, statuses: List[Any], what: str, peers: Sequence[Optio
 
     MPI = _mpi()
     codes = [(i, s.Get_error()) for i, s in enumerate(statuses)]
-    failed = [(i, c) for i, c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)] or [(-1, error.Get_error_code())]
+    failed = [(i, c) for i, c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)] or [
+        (-1, error.Get_error_code())
+    ]
     parts = []
     for i, code in failed:
         peer = _who(peers[i]) if 0 <= i < len(peers) else "a peer"
@@ -132,9 +134,7 @@ def _expire(requests: List[Any], why: str, what: str, peers: Sequence[Optional[i
 
     waiting = sorted({_who(peers[i]) for i in _cancel(requests) if i < len(peers)})
     who = ", ".join(waiting) if waiting else "its peers"
-    raise ZcollTimeoutError(
-        f"zcoll: {what} {why} waiting for {who}; the unfinished messages were cancelled"
-    )
+    raise ZcollTimeoutError(f"zcoll: {what} {why} waiting for {who}; the unfinished messages were cancelled")
 
 
 def _rows(t: torch.Tensor, splits: Sequence[int], size: int, name: str) -> List[torch.Tensor]:

@@ -218,8 +218,13 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             )
         for i, inp in enumerate(inputs):
             chk.check("all_gather_coalesced", inp, f"input_tensor_list[{i}]")
-            chk.same("all_gather_coalesced", inp, [o[i] for o in output_lists], f"output_tensor_lists[*][{i}]",
-                     inp.numel())
+            chk.same(
+                "all_gather_coalesced",
+                inp,
+                [o[i] for o in output_lists],
+                f"output_tensor_lists[*][{i}]",
+                inp.numel(),
+            )
         comm = self._comm
 
         def run() -> None:
@@ -364,7 +369,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         self._peer("send", dst)
         self._p2p_usable("send")
         req = _p2p.isend(self._p2p, t, dst, tag)  # posted now: MPI keeps the issue order
-        return self._p2p_exec.call(lambda: self._p2p_wait(req, f"send to rank {dst} (tag {tag})", dst), [t], True)
+        return self._p2p_exec.call(
+            lambda: self._p2p_wait(req, f"send to rank {dst} (tag {tag})", dst), [t], True
+        )
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> ZcollWork:
         t = chk.one("recv", tensors)
@@ -399,7 +406,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             if self._coll_failure is not None:
                 from .. import BrokenError
 
-                raise BrokenError(f"zcoll {call}: this group broke when {self._coll_failure}; use a new group")
+                raise BrokenError(
+                    f"zcoll {call}: this group broke when {self._coll_failure}; use a new group"
+                )
             try:
                 fn()
             except Exception as e:
