@@ -21,7 +21,7 @@ RANKS = 3
 SCRIPT = "torch_mpi/dist_suite.py"
 NAMES = policy.test_names()
 # At least this many tests pass; a drop fails the summary.
-MIN_PASSED = 121  # 121 of 285 at 3 ranks on a CPU-only torch 2.13 (4 excluded, 160 skipped by torch)
+MIN_PASSED = 122  # 122 of 285 at 3 ranks on a CPU-only torch 2.13 (4 excluded, 159 skipped by torch)
 _SKIP = re.compile(r"^ZCOLL-TORCH-SKIP (\S+) rank (\d+): (.*)$", re.MULTILINE)
 
 

@@ -38,6 +38,7 @@ CLAIMED: Dict[str, str] = {
     r"^get_future is only supported on mpi, nccl and gloo$": "Work.get_future()",
     r"^The zcoll backend does not support DistributedDataParallel$": "DistributedDataParallel on CPU",
     r"^Only Nccl & Gloo backend support DistributedDataParallel$": "DistributedDataParallel on CPU",
+    r"^Only Gloo backend supports sparse all reduce$": "all_reduce (SUM) of sparse COO tensors, as gloo's",
 }
 
 # Tests that run and cannot pass on zcoll: name -> why.
@@ -65,6 +66,7 @@ MUST_RUN = (
     "test_send_recv_any_source",
     "test_send_recv_any_source_autograd_profiler",
     "test_send_recv_any_source_torch_profiler",
+    "test_sparse_all_reduce_sum",
 )
 
 

@@ -344,10 +344,44 @@ def case_error_sizes_and_unsupported_calls(ck: Checks):
     ck.raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
     ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
     sparse = torch.eye(3).to_sparse()
-    ck.raises(
-        NotImplementedError, lambda: dist.all_reduce(sparse), "sparse tensors are not supported by the zcoll"
-    )
+    ck.raises(NotImplementedError, lambda: dist.all_reduce(sparse, op=Op.MAX), "SUM only")
+    ck.raises(NotImplementedError, lambda: dist.broadcast(sparse, 0), "sparse tensors are not supported")
     ck.raises(NotImplementedError, lambda: PG.split_group([0]), "split_group")
+
+
+def case_sparse_all_reduce_sum(ck: Checks):
+    """Sparse COO tensors sum as gloo's do: different indices per rank, repeated ones, dense
+    dimensions, an empty rank; in place, the same on every rank."""
+    shape = (N + 3, 2)
+    idx = torch.tensor([[R, N, N + 2 - (R % 2)], [0, 1, R % 2]])  # [R, 0] is rank R's own
+    vals = torch.tensor([1.0 + R, 10.0, 0.5])
+    t = torch.sparse_coo_tensor(idx, vals, shape)
+    want = sum(
+        torch.sparse_coo_tensor(
+            torch.tensor([[r, N, N + 2 - (r % 2)], [0, 1, r % 2]]), torch.tensor([1.0 + r, 10.0, 0.5]), shape
+        ).to_dense()
+        for r in range(N)
+    )
+    dist.all_reduce(t)
+    ck.check(t.is_sparse and torch.equal(t.to_dense(), want), "sum", f"{t.to_dense()} != {want}")
+    ck.same_on_all_ranks("sparse sum", t.to_dense().numpy().tobytes())
+    dense_dims = torch.sparse_coo_tensor(torch.tensor([[R]]), torch.full((1, 2, 2), float(R)), (N, 2, 2))
+    dist.all_reduce(dense_dims, async_op=True).wait()
+    ck.check(torch.equal(dense_dims.to_dense(), torch.arange(N).float().view(N, 1, 1).expand(N, 2, 2)))
+    empty_here = torch.sparse_coo_tensor(
+        torch.zeros(1, 0, dtype=torch.long) if R else torch.tensor([[1]]),
+        torch.zeros(0) if R else torch.tensor([7.0]),
+        (3,),
+    )
+    dist.all_reduce(empty_here)
+    ck.check(
+        torch.equal(empty_here.to_dense(), torch.tensor([0.0, 7.0, 0.0])), "empty ranks", f"{empty_here}"
+    )
+    ck.raises(
+        ValueError,
+        lambda: dist.all_reduce(torch.eye(3).to_sparse() if R else torch.eye(4).to_sparse()),
+        "different shapes",
+    )
 
 
 def case_recv_without_src(ck: Checks):

@@ -17,7 +17,8 @@ all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_t
 all_to_all, gather, scatter, all_gather_coalesced, barrier, monitored_barrier (``_monitor``),
 send, recv, isend/irecv (with or without src), the *_coalesced variants of allreduce /
 allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them. Anything else
-raises NotImplementedError naming the call (sparse tensors too).
+raises NotImplementedError naming the call; sparse COO tensors go only to all_reduce with SUM
+(``_sparse``: gathered and added, as gloo does).
 
 Timeouts: the group's ``timeout=`` (``init_process_group`` / ``new_group``; when left at torch's
 default, ``ZCOLL_TIMEOUT``) is the deadline of every collective and point-to-point wait; on
@@ -53,7 +54,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..communicator import Communicator
 from . import _checks as chk
-from . import _launch, _monitor, _p2p
+from . import _launch, _monitor, _p2p, _sparse
 from ._work import OrderedExecutor, ZcollWork
 
 BACKEND = "zcoll"
@@ -121,7 +122,12 @@ class ProcessGroupZcoll(dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        t = chk.one("all_reduce", tensors)
+        try:
+            t = chk.one("all_reduce", tensors)
+        except chk.SparseTensorError:  # costs nothing until raised
+            t = None
+        if t is None:  # outside the except block: its errors are not "during handling" of that one
+            return self._sparse_allreduce(tensors[0], opts)
         op = chk.op_name("all_reduce", opts, t)
         comm = self._comm
         if opts is not None and not opts.asyncOp:  # the common synchronous call: no closure
@@ -129,6 +135,20 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             if done is not None:
                 return done
         return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], chk.is_async(opts))
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> ZcollWork:
+        if t.layout != torch.sparse_coo:
+            raise NotImplementedError(
+                f"zcoll all_reduce: {t.layout} tensors are not supported (sparse COO are)"
+            )
+        values = chk.check("all_reduce", t._values(), "the sparse tensor's values")
+        op = chk.op_name("all_reduce", opts, values)
+        if op != "sum":
+            raise NotImplementedError(
+                f"zcoll all_reduce: sparse tensors reduce with SUM only (as gloo's), not {op}"
+            )
+        comm = self._comm
+        return self._exec.call(lambda: _sparse.allreduce_sum(comm, t), [t], chk.is_async(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
         ts = list(tensors)
