@@ -19,6 +19,7 @@ Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/dist_suite.py [test_name ...]
 """
 
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -166,6 +167,9 @@ def _case(name: str):
 def _teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    WORLD.Barrier()
+    if RANK == 0:
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
 
 
 if __name__ == "__main__":
