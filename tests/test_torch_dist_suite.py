@@ -29,20 +29,24 @@ def _job():
     return script_job(SCRIPT, RANKS, timeout=900)
 
 
-def _skips(output: str) -> Dict[str, str]:
-    """test name -> the skip reason torch gave (on rank 0, else the first rank that skipped)."""
-    found: Dict[str, str] = {}
-    for _, text in sorted(split_ranks(output).items(), key=lambda kv: (kv[0] is None, kv[0])):
-        for m in _SKIP.finditer(text):
-            found.setdefault(m.group(1), m.group(3))
-    return found
+def _skips(job) -> Dict[str, str]:
+    """test name -> the skip reason torch gave (on rank 0, else the first rank that skipped);
+    read once per job."""
+    if getattr(job, "torch_skips", None) is None:
+        found: Dict[str, str] = {}
+        ranks = split_ranks(job.finished.output)
+        for _, text in sorted(ranks.items(), key=lambda kv: (kv[0] is None, kv[0])):
+            for m in _SKIP.finditer(text):
+                found.setdefault(m.group(1), m.group(3))
+        job.torch_skips = found
+    return job.torch_skips
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_distributed(name):
     job = _job()
     job.launch()
-    skipped = _skips(job.finished.output).get(name)
+    skipped = _skips(job).get(name)
     if name in policy.EXCLUDED:
         if _passed(job, name) and skipped is None:
             pytest.fail(f"{name} passes now: remove it from EXCLUDED in tests/torch_dist_policy.py")
@@ -63,7 +67,7 @@ def test_torch_distributed_summary():
     """Enough passes, every MUST_RUN test among them, the exclusion list naming real tests."""
     job = _job()
     job.launch()
-    skips = _skips(job.finished.output)
+    skips = _skips(job)
     passed = [n for n in NAMES if _passed(job, n) and n not in skips]
     unknown = sorted(set(policy.EXCLUDED) - set(NAMES))
     assert not unknown, f"EXCLUDED names tests torch does not have: {unknown}"
