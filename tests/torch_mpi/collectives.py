@@ -498,6 +498,24 @@ def case_work_wait_timeout_gives_up_a_recv(ck: Checks):
     dist.destroy_process_group(sub)
 
 
+def case_broken_group_refuses_all_to_all(ck: Checks):
+    """After a collective of a group failed, its all-to-all (mpi4py, tag 0) refuses to run: a
+    message of the failed call could still arrive and be matched."""
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
+    if R == 0:
+        ck.raises(zcoll.TimeoutError, lambda: dist.barrier(group=sub), "timed out", "the timeout of")
+        out, inp = torch.empty(2), torch.ones(2)
+        ck.raises(
+            zcoll.BrokenError,
+            lambda: dist.all_to_all_single(out, inp, group=sub),
+            "all_to_all_single",
+            "earlier collective failed",
+        )
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+
+
 def case_truncated_recv_is_explained(ck: Checks):
     """MPI's bare 'message truncated' comes back as what happened: which receive, which peer."""
     sub = dist.new_group([0, 1])

@@ -420,9 +420,14 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         """fn (all-to-all, gather, scatter over mpi4py) as a step of the collective order. One that
         fails breaks the group as a failed zcoll collective does (its messages could still arrive,
         and the next such call, same tag, would match them): later ones raise BrokenError, and the
-        communicator is aborted so that the next zcoll collective fails on every rank."""
+        communicator is aborted so that the next zcoll collective fails on every rank. One after a
+        failed zcoll collective (the communicator broken) raises BrokenError too."""
 
         def run() -> None:
+            if self._coll_failure is None and self._comm.broken:
+                self._coll_failure = (
+                    "an earlier collective failed (the zcoll.TimeoutError it raised says why)"
+                )
             if self._coll_failure is not None:
                 from .. import BrokenError
 
