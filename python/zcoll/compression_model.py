@@ -1,0 +1,221 @@
+"""The per-bucket cost model and decision behind ``compression="auto"`` (zcoll.auto_compression)
+and ``zcoll.torch.recommend``: which method each DDP bucket should travel with.
+
+Model (the terms of zcoll.step_model.Link, the step model of ``zcoll report``, per bucket):
+
+1. time(method, bucket of n dense bytes) = alpha_m + max(beta * wire(method, n), codec(method, n))
+
+   - beta: seconds per byte a rank sends, from allreduces of several sizes through the group
+     (the calibration); it is the group's measured rate, so the tiers it crosses (shared
+     memory, the network) are in it;
+   - wire: bytes a rank sends: 2(p-1)/p n uncompressed or through a ring codec (times its
+     payload ratio), (p-1) n times the payload ratio for top-k's allgather;
+   - codec: encode + decode kernel time at the measured rates (the compressed algorithms
+     pipeline it with the transfer, hence the max);
+   - alpha_m: the per-call cost of method m, fitted on this job: the median over the trial
+     measurements of what a call took beyond the max term (the calibration's smallest
+     allreduce before any trial).
+2. What the step's overlap hides: bucket j is handed over at ready_j (measured, from the first
+   bucket's hand-over); one worker runs the buckets in order, so bucket j ends at
+   max(ready_j, end_{j-1}) + time_j, and the step pays exposed = max(0, end_last - ready_last).
+
+Decision (:func:`decide`; deterministic, so identical inputs give identical decisions on every
+rank):
+
+1. per bucket, among ``methods``, the fastest; the least lossy (LOSSINESS order) within
+   ``margin`` of it; none (when a candidate) when that saves less than ``min_gain`` of the
+   uncompressed time;
+2. then, bucket by bucket, the least lossy method that does not make the exposed time longer
+   (by more than ``tolerance_s``): a bucket hidden behind the backward pass stays uncompressed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .step_model import Link, fit_link
+
+# name -> (how a report spells it, constructor(zcoll module) with error feedback on)
+METHODS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
+    "bf16": ("zcoll.HalfPrecision('bf16', error_feedback=True)", lambda z: z.HalfPrecision("bf16", error_feedback=True)),
+    "fp16": ("zcoll.HalfPrecision('fp16')", lambda z: z.HalfPrecision("fp16")),
+    "int8": ("zcoll.GradientQuantizer(bits=8)", lambda z: z.GradientQuantizer(bits=8)),
+    "int4": ("zcoll.GradientQuantizer(bits=4)", lambda z: z.GradientQuantizer(bits=4)),
+    "sign": ("zcoll.GradientQuantizer(bits=1)", lambda z: z.GradientQuantizer(bits=1)),
+    "top10%": ("zcoll.TopK(ratio=0.1)", lambda z: z.TopK(ratio=0.1)),
+    "top1%": ("zcoll.TopK(ratio=0.01)", lambda z: z.TopK(ratio=0.01)),
+}
+# Least lossy first; what "auto" tries (fp16 is left out: bf16 cannot overflow).
+LOSSINESS = ("none", "bf16", "int8", "int4", "top10%", "sign", "top1%")
+CANDIDATES = LOSSINESS
+# Guarded compression's escalation ladder (the issue's: sign/top-k -> int4 -> int8 -> bf16 -> none).
+ESCALATION = {"top1%": "int4", "top10%": "int4", "sign": "int4", "int4": "int8", "int8": "bf16", "fp16": "none", "bf16": "none"}
+
+
+def make_compressor(method: str) -> Any:
+    import zcoll
+
+    if method not in METHODS:
+        raise ValueError(f"unknown compression method {method!r}; known: none, {', '.join(METHODS)}")
+    return METHODS[method][1](zcoll)
+
+
+@dataclass
+class CostModel:
+    """time(method, dense bytes) of one bucket's allreduce (see the module docstring)."""
+
+    link: Link
+    alpha: Dict[str, float] = field(default_factory=dict)  # fitted per-call cost per method
+
+    def transfer(self, method: str, nbytes: float) -> float:
+        """The bandwidth and kernel term, without the per-call cost."""
+        return max(self.link.beta * self.link.wire(method, nbytes), self.link.codec_time(method, nbytes))
+
+    def predict(self, method: str, nbytes: float) -> float:
+        return self.alpha.get(method, self.link.alpha) + self.transfer(method, nbytes)
+
+    def describe(self) -> Dict[str, Any]:
+        return {
+            "alpha_s": self.link.alpha,
+            "beta_s_per_byte": self.link.beta,
+            "gbps": 8e-9 / self.link.beta if self.link.beta > 0 else math.inf,
+            "ranks": self.link.ranks,
+            "alpha_per_method_s": dict(self.alpha),
+            "codecs": {m: {k: c[k] for k in ("encode_s_per_byte", "decode_s_per_byte", "payload_ratio", "exchange")}
+                       for m, c in self.link.codecs.items()},
+        }
+
+
+def fit(
+    calibration: Sequence[Tuple[float, float, float]],
+    codecs: Dict[str, Dict[str, Any]],
+    ranks: int,
+    trials: Optional[Dict[str, Sequence[Tuple[float, float]]]] = None,
+) -> CostModel:
+    """The model from the calibration (dense bytes, bytes sent, seconds) of uncompressed
+    allreduces, the codec rates (zcoll.torch.profiler's _time_codec format) and, when given, the
+    trial measurements {method: [(dense bytes, seconds)]}: each method's per-call cost."""
+    points = [{"bytes": b, "wire": w, "seconds": s} for b, w, s in calibration]
+    link = fit_link([], "none", codecs, ranks, {"points": points}, None)
+    link.wire_per_byte = 2.0 * (ranks - 1) / ranks
+    if calibration:
+        b, w, s = min(calibration)
+        link.alpha = max(0.0, s - link.beta * w)
+    model = CostModel(link)
+    for method, pts in (trials or {}).items():
+        if pts:
+            model.alpha[method] = float(np.median([max(0.0, s - model.transfer(method, n)) for n, s in pts]))
+    return model
+
+
+@dataclass
+class Decision:
+    """One bucket's method, why, and the model's numbers (seconds)."""
+
+    key: str
+    nbytes: int
+    method: str
+    reason: str
+    predicted_s: float
+    predicted_none_s: float
+    predicted: Dict[str, float] = field(default_factory=dict)  # every candidate
+
+    @property
+    def predicted_gain_s(self) -> float:
+        return self.predicted_none_s - self.predicted_s
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dict(asdict(self), predicted_gain_s=self.predicted_gain_s)
+
+
+def exposed(costs: Sequence[float], ready: Sequence[float]) -> float:
+    """Communication time the step pays after its last bucket was handed over: one worker
+    running the buckets in order, bucket j from max(ready_j, the previous end)."""
+    end = -math.inf
+    for c, r in zip(costs, ready):
+        end = max(end, r) + c
+    return max(0.0, end - ready[-1]) if ready else 0.0
+
+
+def decide(
+    model: CostModel,
+    buckets: Sequence[Tuple[str, int, float]],
+    methods: Sequence[str] = CANDIDATES,
+    margin: float = 0.05,
+    min_gain: float = 0.05,
+    tolerance_s: float = 5e-5,
+) -> List[Decision]:
+    """Per bucket (key, dense bytes, ready seconds after the first bucket's hand-over, in hand-over
+    order), the method (see the module docstring)."""
+    order = [m for m in LOSSINESS if m in methods] + [m for m in methods if m not in LOSSINESS]
+    out: List[Decision] = []
+    for key, n, _ in buckets:
+        cost = {m: model.predict(m, n) for m in order}
+        dense = model.predict("none", n)
+        fastest = min(cost.values())
+        pick = next(m for m in order if cost[m] <= fastest * (1 + margin))
+        reason = f"the least lossy method within {margin:.0%} of the fastest ({min(cost, key=cost.get)})"
+        if pick != "none" and "none" in cost and dense - cost[pick] < min_gain * dense:
+            pick, reason = "none", f"compression would save less than {min_gain:.0%} of its time"
+        elif pick == "none":
+            reason = "uncompressed is the fastest (within the margin)"
+        out.append(Decision(key, int(n), pick, reason, cost[pick], dense, cost))
+    ready = [r for _, _, r in buckets]
+    for j, d in enumerate(out):
+        if d.method == "none":
+            continue
+        base = exposed([x.predicted_s for x in out], ready)
+        for m in order[: order.index(d.method)]:
+            trial = [x.predicted_s for x in out]
+            trial[j] = d.predicted[m]
+            if exposed(trial, ready) <= base + tolerance_s:
+                d.reason = f"{m} instead of {d.method}: the step's overlap hides the difference"
+                d.method, d.predicted_s = m, d.predicted[m]
+                break
+    return out
+
+
+def render(decisions: Sequence[Decision]) -> str:
+    """A human-readable table of decisions."""
+    lines = [f"{'bucket':<28} {'MiB':>7} {'method':>7} {'pred ms':>8} {'none ms':>8}  reason"]
+    for d in decisions:
+        lines.append(
+            f"{d.key:<28} {d.nbytes / 2**20:7.2f} {d.method:>7} {1e3 * d.predicted_s:8.3f} "
+            f"{1e3 * d.predicted_none_s:8.3f}  {d.reason}"
+        )
+    return "\n".join(lines)
+
+
+def codec_rates(methods: Sequence[str], elements: int = 1 << 20, repeats: int = 3) -> Dict[str, Dict[str, Any]]:
+    """Local: seconds per dense byte to encode and decode each method on a sample of float32
+    gradients (the best of `repeats`), its payload bytes per dense byte, and how its allreduce
+    exchanges (ring of payloads, or allgather of top-k pairs); the format of Link.codecs."""
+    x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
+    out = np.empty_like(x)
+    rates: Dict[str, Dict[str, Any]] = {}
+    for m in methods:
+        if m == "none":
+            continue
+        c = make_compressor(m)
+        c.error_feedback = False  # stateless: key=None
+        enc, dec = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            payload = c.compress(x)
+            t1 = time.perf_counter()
+            c.decompress(payload, out)
+            dec.append(time.perf_counter() - t1)
+            enc.append(t1 - t0)
+        rates[m] = {
+            "encode_s_per_byte": min(enc) / x.nbytes,
+            "decode_s_per_byte": min(dec) / x.nbytes,
+            "payload_ratio": payload.nbytes / x.nbytes,
+            "exchange": "allgather" if type(c).__name__ == "TopK" else "ring",
+            "constructor": METHODS[m][0],
+        }
+    return rates

@@ -1,0 +1,150 @@
+"""compression="auto": the per-bucket cost model and decision on synthetic costs (no MPI), the
+metrics log and Prometheus text, the refusals; the multi-rank behaviour (identical decisions,
+escalation on a corrupting codec, the metrics a run writes, recommend) in
+tests/torch_mpi/auto_compression.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+import zcoll
+from mpi_util import case_names, run, script_job
+from zcoll import compression_model as cm
+from zcoll.auto_compression import resolve
+from zcoll.metrics import MetricsLog
+from zcoll.step_model import Link
+
+MIB = 1 << 20
+
+
+def codecs(encode_gbs: float = 4.0):
+    """Synthetic kernel rates: every codec encodes and decodes at encode_gbs GB/s."""
+    rate = 1.0 / (encode_gbs * 1e9)
+    out = {}
+    for m, payload in (("bf16", 0.5), ("int8", 0.2578), ("int4", 0.1328), ("sign", 0.0352), ("top10%", 0.2), ("top1%", 0.02)):
+        out[m] = {
+            "encode_s_per_byte": rate,
+            "decode_s_per_byte": rate,
+            "payload_ratio": payload,
+            "exchange": "allgather" if m.startswith("top") else "ring",
+        }
+    return out
+
+
+def model(gbps: float, alpha: float = 50e-6, compressed_alpha: float = 150e-6, ranks: int = 2) -> cm.CostModel:
+    link = Link(alpha, 8.0 / (gbps * 1e9), 2.0 * (ranks - 1) / ranks, "none", codecs(), ranks)
+    return cm.CostModel(link, {m: compressed_alpha for m in codecs()} | {"none": alpha})
+
+
+def test_fast_link_stays_uncompressed():
+    # shared memory, ~80 Gbit/s: the kernels cost more than the bytes they save
+    d = cm.decide(model(80.0), [("b0", MIB, 0.0), ("b1", 25 * MIB, 0.0)])
+    assert [x.method for x in d] == ["none", "none"], cm.render(d)
+
+
+def test_slow_link_compresses_large_buckets_only():
+    # 1 Gbit/s: a 25 MiB bucket takes ~0.2 s uncompressed; a 4 KiB one is all per-call cost
+    d = cm.decide(model(1.0), [("small", 4096, 0.0), ("large", 25 * MIB, 0.0)])
+    assert d[0].method == "none", cm.render(d)
+    assert d[1].method not in ("none", "bf16"), cm.render(d)
+    assert d[1].predicted_s < 0.5 * d[1].predicted_none_s
+    # the least lossy within the margin of the fastest
+    fastest = min(d[1].predicted.values())
+    assert d[1].predicted_s <= fastest * 1.05
+    for m in cm.LOSSINESS[: cm.LOSSINESS.index(d[1].method)]:
+        assert d[1].predicted[m] > fastest * 1.05
+
+
+def test_margin_prefers_less_lossy():
+    d = cm.decide(model(1.0), [("large", 25 * MIB, 0.0)], margin=10.0)
+    assert d[0].method == "bf16"  # int8 and beyond are faster, but within 10x bf16 is enough
+
+
+def test_overlap_hides_a_bucket():
+    # bucket 0 is handed over 1 s before the last: its uncompressed time (~0.2 s) is hidden
+    buckets = [("early", 25 * MIB, 0.0), ("late", 25 * MIB, 1.0)]
+    d = cm.decide(model(1.0), buckets)
+    assert d[0].method == "none" and "overlap" in d[0].reason, cm.render(d)
+    assert d[1].method not in ("none", "bf16")
+
+
+def test_deterministic_and_methods_respected():
+    b = [("a", 3 * MIB, 0.0), ("b", 25 * MIB, 0.01), ("c", 100, 0.02)]
+    one = [x.as_dict() for x in cm.decide(model(1.0), b)]
+    two = [x.as_dict() for x in cm.decide(model(1.0), b)]
+    assert one == two
+    only = cm.decide(model(80.0), b, methods=("int8",))
+    assert {x.method for x in only} == {"int8"}  # none is not a candidate unless listed
+
+
+def test_fit_per_method_call_cost():
+    cal = [(256.0, 256.0, 40e-6), (float(MIB), float(MIB), 40e-6 + MIB * 1e-9), (4.0 * MIB, 4.0 * MIB, 40e-6 + 4 * MIB * 1e-9)]
+    m = cm.fit(cal, codecs(), 2, {"int8": [(MIB, 1e-3), (4 * MIB, 2e-3)]})
+    assert m.link.beta == pytest.approx(1e-9, rel=1e-6)
+    assert m.link.alpha == pytest.approx(40e-6 - 256e-9, rel=1e-3)
+    want = np.median([1e-3 - m.transfer("int8", MIB), 2e-3 - m.transfer("int8", 4 * MIB)])
+    assert m.alpha["int8"] == pytest.approx(want)
+    assert m.predict("none", MIB) == pytest.approx(m.link.alpha + MIB * 1e-9)
+
+
+def test_exposed():
+    assert cm.exposed([1.0, 1.0], [0.0, 5.0]) == 1.0  # the first is hidden
+    assert cm.exposed([3.0, 1.0], [0.0, 1.0]) == 3.0  # the second waits for the first
+    assert cm.exposed([], []) == 0.0
+
+
+def test_resolve_and_refusals():
+    assert isinstance(resolve("auto"), zcoll.AutoCompression)
+    with pytest.raises(ValueError, match="'auto'"):
+        resolve("int8")
+    with pytest.raises(ValueError, match="unknown methods"):
+        zcoll.AutoCompression(methods=("int3",))
+    with pytest.raises(ValueError, match="_test_corrupt_fraction"):
+        zcoll.AutoCompression(_test_corrupt_fraction=2.0)
+    c = zcoll.Communicator()
+    for what in ("auto", zcoll.AutoCompression()):
+        with pytest.raises(ValueError, match="DDP hook"):
+            c.allreduce(np.ones(4, np.float32), op="avg", compression=what, key="k")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_log_and_prometheus(tmp_path):
+    port = _free_port()
+    log = MetricsLog(str(tmp_path / "m.jsonl"), port=port)
+    try:
+        log.write("bucket", step=3, bucket="ddp/bucket0/10", ratio=3.9)
+        log.set("zcoll_compression_ratio", 3.9, bucket="ddp/bucket0/10", method="int8")
+        log.add("zcoll_compression_escalations_total", 1, bucket="ddp/bucket0/10")
+        log.add("zcoll_compression_escalations_total", 1, bucket="ddp/bucket0/10")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        log.close()
+    assert 'zcoll_compression_ratio{bucket="ddp/bucket0/10",method="int8"} 3.9' in text
+    assert "# TYPE zcoll_compression_escalations_total counter" in text
+    assert 'zcoll_compression_escalations_total{bucket="ddp/bucket0/10"} 2.0' in text
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert rows[0]["event"] == "bucket" and rows[0]["step"] == 3 and rows[0]["ratio"] == 3.9
+
+
+def test_metrics_port_from_environment():
+    # ZCOLL_METRICS_PORT is in the env table; a bad value is an error naming it
+    code = "import zcoll; print(zcoll._C.env_get('ZCOLL_METRICS_PORT'))"
+    rc, out = run([sys.executable, "-c", code], env={"ZCOLL_METRICS_PORT": "9400"}, timeout=60)
+    assert rc == 0 and out.strip().endswith("9400"), out
+    rc, out = run([sys.executable, "-c", code], env={"ZCOLL_METRICS_PORT": "x"}, timeout=60)
+    assert rc != 0 and "ZCOLL_METRICS_PORT" in out, out
+
+
+@pytest.mark.parametrize("case", case_names("torch_mpi/auto_compression.py"))
+def test_auto_compression_two_ranks(case):
+    script_job("torch_mpi/auto_compression.py", 2).check(case)
