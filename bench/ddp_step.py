@@ -82,7 +82,8 @@ def options(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--configs",
         default="all",
-        help="comma-separated configurations, or all: " + ",".join(wl.CONFIGS).replace("%", "%%"),
+        help="comma-separated configurations, or all (every one but the compression='auto' ones): "
+        + ",".join(wl.CONFIGS).replace("%", "%%"),
     )
     p.add_argument(
         "--buckets",
@@ -151,7 +152,8 @@ def options(argv=None) -> argparse.Namespace:
             setattr(a, key, (QUICK if a.quick else FULL)[key])
     a.models = _subset(p, "model", a.models, wl.MODELS)
     a.networks = _subset(p, "network", a.networks, NETWORKS)
-    a.configs = list(wl.CONFIGS) if a.configs == "all" else _subset(p, "configuration", a.configs, wl.CONFIGS)
+    every = [c for c in wl.CONFIGS if not wl.CONFIGS[c].auto]  # "all": issue 8's; auto ones by name
+    a.configs = every if a.configs == "all" else _subset(p, "configuration", a.configs, wl.CONFIGS)
     try:
         a.ranks = [int(r) for r in a.ranks.split(",")]
     except ValueError:
@@ -213,6 +215,7 @@ def job_argv(
         "hang-after": args.hang_after,
         "result": result,
         "progress": progress,
+        "metrics-dir": args.out,
     }
     job = [sys.executable, "-m", "mpi4py", JOB, *[x for k, v in flags.items() for x in (f"--{k}", v)]]
     return [BIN / "mpirun", "-n", spec.ranks, *job]

@@ -156,6 +156,8 @@ class Config:
     group: Optional[str]
     compressor: Optional[Callable[[], Any]] = None
     gloo_hook: Optional[str] = None
+    auto: bool = False  # a zcoll.AutoCompression: decides during its first AUTO_DECIDED steps
+
 
     @property
     def ddp(self) -> bool:
@@ -181,8 +183,23 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-int4", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=4)),
         Config("zcoll-sign", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=1)),
         Config("zcoll-top1%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.01)),
+        Config("zcoll-auto", "zcoll", compressor=lambda: _zcoll().AutoCompression(metrics_path=_metrics("auto")), auto=True),
+        # the guard alone (one method, escalated when its sampled error grows): its overhead
+        # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
+        Config("zcoll-guarded-sign", "zcoll", auto=True,
+               compressor=lambda: _zcoll().AutoCompression(methods=("sign",), metrics_path=_metrics("guarded-sign"))),
+        Config("zcoll-guarded-top1%", "zcoll", auto=True,
+               compressor=lambda: _zcoll().AutoCompression(methods=("top1%",), metrics_path=_metrics("guarded-top1"))),
     ]
 }
+AUTO_DECIDED = 1 + 3 * 7  # AutoCompression's default start step + trial steps (7 methods x 3)
+AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
+
+
+def _metrics(name: str) -> Optional[str]:
+    import os
+
+    return os.path.join(AUTO_METRICS_DIR, f"zcoll-{name}-{os.getpid()}.jsonl") if AUTO_METRICS_DIR else None
 POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baseline's)
 POWERSGD_START = 2  # start_powerSGD_iter: DDP's minimum with error feedback (buckets rebuild at step 1)
 

@@ -109,3 +109,71 @@ def _serve(log: MetricsLog, port: int) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, name=f"zcoll-metrics:{port}", daemon=True).start()
     return server
+
+
+# -- zcoll report ------------------------------------------------------------------------------------
+EVENTS = ("bucket", "decision", "measured", "check", "escalate", "relax", "redecide")
+
+
+def is_metrics_log(path: Any) -> bool:
+    """A JSON-lines file whose first line is one of MetricsLog's events."""
+    p = Path(path)
+    if not p.is_file() or p.suffix != ".jsonl":
+        return False
+    with open(p, encoding="utf-8") as f:
+        try:
+            return json.loads(f.readline() or "{}").get("event") in EVENTS
+        except ValueError:
+            return False
+
+
+def report(path: Any) -> str:
+    """What ``zcoll report`` prints for a metrics log: the decisions (method, reason, predicted
+    vs the trials' measurement), predicted vs measured communication per check, the exact checks
+    per method (worst error against its bound), escalations and relaxations, and per bucket and
+    method the mean compression ratio and residual-to-gradient norm ratio."""
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    out = [f"compression metrics: {path} ({len(rows)} events)"]
+    decisions = [r for r in rows if r["event"] == "decision"]
+    if decisions:
+        out.append("decisions (predicted / measured in the trials, ms):")
+        for r in decisions:
+            m = r["method"]
+            trial = r.get("measured_trial", {}).get(m)
+            none = r.get("measured_trial", {}).get("none")
+            out.append(
+                f"  step {r['step']:>4} {r['bucket']:<28} {m:>7}: {1e3 * r['predicted_s']:.2f} / "
+                + (f"{1e3 * trial:.2f}" if trial is not None else "-")
+                + (f" (none {1e3 * none:.2f})" if none is not None else "")
+                + f"  {r['reason']}"
+            )
+    measured = [r for r in rows if r["event"] == "measured"]
+    if measured:
+        rel = [abs(r["relative"]) for r in measured]
+        out.append(
+            f"communication, predicted vs measured over {len(measured)} check intervals: median |error| "
+            f"{100 * sorted(rel)[len(rel) // 2]:.1f}%, worst {100 * max(rel):.1f}%; measured gain over "
+            f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
+            f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
+        )
+    checks: Dict[str, list] = {}
+    for r in rows:
+        if r["event"] == "check":
+            checks.setdefault(r["method"], []).append((r["error"], r["bound"]))
+    for m, cs in sorted(checks.items()):
+        worst = max(e for e, _ in cs)
+        out.append(f"exact checks, {m}: {len(cs)}, worst relative error {worst:.3g} (bound {cs[0][1]:.3g})")
+    for r in rows:
+        if r["event"] in ("escalate", "relax", "redecide"):
+            what = r.get("reason") or f"{r.get('previous')} -> {r.get('method')} (error {r.get('error', 0):.3g})"
+            out.append(f"  step {r['step']:>4} {r['event']:<9} {r.get('bucket', '')} {what}")
+    per: Dict[Tuple[str, str], list] = {}
+    for r in rows:
+        if r["event"] == "bucket" and "ratio" in r:
+            per.setdefault((r["bucket"], r["method"]), []).append((r["ratio"], r["residual_ratio"]))
+    if per:
+        out.append("per bucket and method: steps, mean compression ratio, mean residual/gradient norm")
+        for (b, m), v in sorted(per.items()):
+            out.append(f"  {b:<28} {m:>7} {len(v):>5} {sum(x for x, _ in v) / len(v):8.1f}x "
+                       f"{sum(y for _, y in v) / len(v):8.3f}")
+    return "\n".join(out) + "\n"
