@@ -129,9 +129,8 @@ def case_redecides_on_drift(ck: Checks):
 
 def case_metrics_log(ck: Checks):
     path = os.path.join(shared_dir(), "metrics.jsonl")
-    auto = zcoll.AutoCompression(methods=("none", "int8", "top1%"), trial_repeats=2, check_every=2,
-                                 min_gain=-1.0, margin=1e9, metrics_path=path)
-    train(auto, 1 + 6 + 4)
+    auto = zcoll.AutoCompression(methods=("int8", "top1%"), trial_repeats=2, check_every=2, metrics_path=path)
+    train(auto, 1 + 4 + 4)
     auto.close()
     dist.barrier()
     if R != 0:
@@ -146,7 +145,7 @@ def case_metrics_log(ck: Checks):
                      "bucket fields", f"{r}")
             ck.check(r["ratio"] > 1.0 and r["residual_ratio"] >= 0.0 and r["nonfinite"] == 0, "bucket values", f"{r}")
         if r["event"] == "decision":
-            ck.check(r["reason"] and r["predicted_s"] > 0 and set(r["measured_trial"]) == {"none", "int8", "top1%"},
+            ck.check(r["reason"] and r["predicted_s"] > 0 and set(r["measured_trial"]) == {"int8", "top1%"},
                      "decision fields", f"{r}")
         if r["event"] == "check":
             ck.check(0.0 <= r["error"] < r["bound"], "check fields", f"{r}")
@@ -160,13 +159,12 @@ def case_recommend_does_not_apply(ck: Checks):
     ck.check(len(report["decisions"]) >= 3 and report["text"], "a decision per bucket", f"{report['text']}")
     ck.same_on_all_ranks("recommendation", json.dumps(report["decisions"], sort_keys=True))
     ck.check(not hasattr(model, "_zcoll_compression_state"), "no hook state")
-    comm = model.process_group.communicator
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    before = comm.stats()["bytes_sent"]
-    step(model, opt, 0)
-    dense = sum(p.numel() * 4 for p in model.parameters()) * 2 * (N - 1) / N
-    ck.check(comm.stats()["bytes_sent"] - before >= dense, "the step went uncompressed",
-             f"{comm.stats()['bytes_sent'] - before} < {dense}")
+    reference = DDP(net(), bucket_cap_mb=0.1)
+    for m in (model, reference):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        for i in range(2):
+            step(m, opt, i)
+    ck.check(torch.equal(flat(model), flat(reference)), "the model trains as without recommend()")
     # with an auto hook that has decided: its own decision
     auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2)
     model, state = train(auto, 7)
