@@ -57,6 +57,16 @@ CANDIDATES = LOSSINESS
 ESCALATION = {"top1%": "int4", "top10%": "int4", "sign": "int4", "int4": "int8", "int8": "bf16", "fp16": "none", "bf16": "none"}
 
 
+def with_escalations(methods: Sequence[str]) -> Tuple[str, ...]:
+    """`methods` and every method the guard may escalate them to."""
+    out = list(dict.fromkeys(methods))
+    for m in out:  # grows while it runs
+        up = ESCALATION.get(m)
+        if up is not None and up not in out:
+            out.append(up)
+    return tuple(out)
+
+
 def make_compressor(method: str) -> Any:
     import zcoll
 
@@ -173,8 +183,12 @@ def decide(
         for m in order[: order.index(d.method)]:
             trial = [x.predicted_s for x in out]
             trial[j] = d.predicted[m]
-            if exposed(trial, ready) <= base + tolerance_s:
-                d.reason = f"{m} instead of {d.method}: the step's overlap hides the difference"
+            more = exposed(trial, ready) - base
+            if more <= tolerance_s:
+                d.reason = f"{m} instead of {d.method}: " + (
+                    "the step's overlap hides the difference" if more <= 0
+                    else f"the step pays only {1e6 * more:.0f} us more (tolerance {1e6 * tolerance_s:.0f} us)"
+                )
                 d.method, d.predicted_s = m, d.predicted[m]
                 break
     return out

@@ -6,6 +6,7 @@ Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/auto_compression.py [case ...]
 """
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -71,19 +72,21 @@ def case_decisions_identical_on_every_rank(ck: Checks):
     model, state = train(auto, 1 + 2 * len(auto.methods) + 3)
     ck.check(auto.decided_step == 1 + 2 * len(auto.methods), "decided after the trials", f"{auto.decided_step}")
     report = auto.report()
-    ck.check(len(report["decisions"]) >= 3, "one decision per bucket", f"{len(report['decisions'])}")
+    ck.check(len(report["decisions"]) >= 2, "one decision per bucket", f"{len(report['decisions'])}")
     ck.check(set(auto.path) == {d["key"] for d in report["decisions"]}, "every bucket decided")
     for e in events(auto, "decision"):
         ck.check(set(e["measured_trial"]) == set(auto.methods), "every method measured", f"{e}")
         ck.check(set(e["predicted"]) == set(auto.methods) and e["reason"], "every method predicted, a reason")
-    ck.same_on_all_ranks("decisions", json.dumps(report["decisions"], sort_keys=True))
-    ck.same_on_all_ranks("model", json.dumps(report["model"], sort_keys=True))
+    ck.same_on_all_ranks("decisions", json.dumps(report["decisions"], sort_keys=True).encode())
+    ck.same_on_all_ranks("model", json.dumps(report["model"], sort_keys=True).encode())
     ck.same_on_all_ranks("parameters", flat(model).numpy().tobytes())
 
 
 def case_corrupting_codec_escalates_within_one_interval(ck: Checks):
     every = 3
-    auto = zcoll.AutoCompression(methods=("int8",), trial_repeats=2, check_every=every, _test_corrupt_fraction=0.01)
+    auto = zcoll.AutoCompression(
+        methods=("int8",), trial_repeats=2, check_every=every, drift=math.inf, _test_corrupt_fraction=0.01
+    )
     model, _ = train(auto, 1 + 2 + every)
     ck.check(auto.decided_step == 3, "decided after the trials", f"{auto.decided_step}")
     up = events(auto, "escalate")
@@ -97,17 +100,20 @@ def case_corrupting_codec_escalates_within_one_interval(ck: Checks):
 
 def case_honest_codecs_do_not_escalate(ck: Checks):
     for method in ("int8", "int4", "sign", "top1%", "bf16"):
-        auto = zcoll.AutoCompression(methods=(method,), trial_repeats=2, check_every=2)
+        auto = zcoll.AutoCompression(methods=(method,), trial_repeats=2, check_every=2, drift=math.inf)
         train(auto, 1 + 2 + 8)
         checks = events(auto, "check")
         ck.check(len(checks) >= 4 * len(auto.path), f"{method}: checked every 2 steps", f"{len(checks)}")
         ck.check(not events(auto, "escalate"), f"{method}: no escalation without a fault",
                  f"{[(e['error'], e['bound']) for e in checks]}")
+        ck.check(all(e["error"] < 1e-5 for e in checks), f"{method}: only rounding is lost", f"{checks}")
+        lossy = method != "bf16"  # what error feedback carries over shows against the gradient (bf16: ~3e-3)
+        ck.check(all(e["step_error"] > 8e-3 for e in checks) == lossy, f"{method}: step error", f"{checks}")
 
 
 def case_steps_back_down_when_calm(ck: Checks):
     auto = zcoll.AutoCompression(methods=("int8",), trial_repeats=2, check_every=2, calm_checks=2,
-                                 _test_corrupt_fraction=0.01)
+                                 drift=math.inf, _test_corrupt_fraction=0.01)
     model, state = train(auto, 5)  # decided at 3, escalated at the check of step 4
     ck.check(all(p[-1] == "bf16" for p in auto.path.values()), "escalated", f"{auto.path}")
     auto._test_corrupt_fraction = 0.0  # the fault ends
@@ -156,8 +162,8 @@ def case_metrics_log(ck: Checks):
 def case_recommend_does_not_apply(ck: Checks):
     model = DDP(net(), bucket_cap_mb=0.1)
     report = zcoll.torch.recommend(model)
-    ck.check(len(report["decisions"]) >= 3 and report["text"], "a decision per bucket", f"{report['text']}")
-    ck.same_on_all_ranks("recommendation", json.dumps(report["decisions"], sort_keys=True))
+    ck.check(len(report["decisions"]) >= 1 and report["text"], "a decision per bucket", f"{report['text']}")
+    ck.same_on_all_ranks("recommendation", json.dumps(report["decisions"], sort_keys=True).encode())
     ck.check(not hasattr(model, "_zcoll_compression_state"), "no hook state")
     reference = DDP(net(), bucket_cap_mb=0.1)
     for m in (model, reference):
