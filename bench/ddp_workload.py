@@ -192,7 +192,7 @@ CONFIGS: Dict[str, Config] = {
                compressor=lambda: _zcoll().AutoCompression(methods=("top1%",), metrics_path=_metrics("guarded-top1"))),
     ]
 }
-AUTO_DECIDED = 1 + 3 * 7  # AutoCompression's default start step + trial steps (7 methods x 3)
+AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
 AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
 
 

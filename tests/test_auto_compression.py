@@ -149,3 +149,11 @@ def test_metrics_port_from_environment():
 @pytest.mark.parametrize("case", case_names("torch_mpi/auto_compression.py"))
 def test_auto_compression_two_ranks(case):
     script_job("torch_mpi/auto_compression.py", 2).check(case)
+
+
+ON_FOUR = ["decisions_identical_on_every_rank", "corrupting_codec_escalates_within_one_interval"]
+
+
+@pytest.mark.parametrize("case", ON_FOUR)
+def test_auto_compression_four_ranks(case):
+    script_job("torch_mpi/auto_compression.py", 4, *ON_FOUR, timeout=400).check(case)

@@ -15,8 +15,9 @@ allreduced numbers by deterministic code, so it is identical on every rank.
 2. Trials (``len(methods) * trial_repeats`` steps from ``start_step``): every bucket of a step
    goes with the same method, each method for trial_repeats steps; each bucket's time on the
    worker and its hand-over time are recorded (the first step of each method is not counted).
-3. Decide (at the end of the last trial step): medians allreduced (max) over ranks, the model's
-   per-method per-call cost fitted on them (compression_model.fit), decide() per bucket; a
+3. Decide (at the end of the last trial step): medians allreduced over ranks (see _decide), the
+   model's per-method per-call cost fitted on them (compression_model.fit), decide() per bucket
+   among the methods whose trial steps were faster than uncompressed ones; a
    ``decision`` event per bucket: method, reason, the model's prediction for every method and
    the trial's measurement of each.
 4. Afterwards, each bucket's time is compared with the prediction: a ``measured`` event after
@@ -105,7 +106,7 @@ class AutoCompression:
         self,
         methods: Sequence[str] = cm.CANDIDATES,
         *,
-        trial_repeats: int = 3,
+        trial_repeats: int = 4,
         start_step: int = 1,
         margin: float = 0.05,
         min_gain: float = 0.05,
@@ -152,6 +153,8 @@ class AutoCompression:
         self.decided_step: Optional[int] = None
         self._times: Dict[Tuple[str, str], List[float]] = {}  # (key, method) -> trial seconds
         self._ready: Dict[str, List[float]] = {}  # key -> hand-over offsets in the trials
+        self._step_s: Dict[str, List[float]] = {}  # method -> trial step times (end to end)
+        self._last_end: Optional[float] = None
         self._nbytes: Dict[str, int] = {}
         self._step_keys: List[str] = []  # this step's buckets, in order
         self._step_ready0: Optional[float] = None
@@ -323,6 +326,10 @@ class AutoCompression:
     # -- collectives at a step's end (every rank, same step) ------------------------------------
     def _end_step(self, comm: Any, step: int) -> None:
         keys, self._step_keys, self._step_ready0 = self._step_keys, [], None
+        now = time.perf_counter()
+        if self.in_trials(step) and (step - self.trial_start) % self.trial_repeats and self._last_end is not None:
+            self._step_s.setdefault(self.method(keys[-1], step, 0), []).append(now - self._last_end)
+        self._last_end = now
         if step == self.trial_start + self.trial_steps - 1:
             self._decide(comm, keys, step)
         elif self._check:
@@ -340,31 +347,43 @@ class AutoCompression:
         self.model = cm.fit(self._calibration, self._codecs, comm.size)
 
     def _decide(self, comm: Any, keys: List[str], step: int) -> None:
-        """Trial medians, the slowest rank's, into the model; one decision per bucket."""
-        cols = [m for m in self.methods]
-        rows = []
-        for k in keys:
-            rows.append([float(np.median(self._times.get((k, m), [math.nan]))) for m in cols]
-                        + [float(np.median(self._ready.get(k, [0.0])))])
-        vec = comm.allreduce(np.nan_to_num(np.array(rows, np.float64), nan=-1.0).reshape(-1), op="max")
-        table = vec.reshape(len(keys), len(cols) + 1)
-        trials = {m: [(self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] >= 0]
+        """The trials' medians into the model; one decision per bucket (module docstring, 3).
+
+        A bucket's time is the least over ranks (the last rank to hand the bucket over waits
+        least: its time is the collective's, the others' include waiting for it); a step's time
+        is the slowest rank's. Methods whose trial steps were not at least ``min_gain`` faster
+        than uncompressed ones are not chosen: the model sees one bucket's communication, the
+        step also pays what the codecs take from the computation (they share the cores)."""
+        cols = list(self.methods)
+        missing = 1e30
+        rows = [[float(np.median(self._times.get((k, m), [missing]))) for m in cols]
+                + [float(np.median(self._ready.get(k, [0.0])))] for k in keys]
+        table = comm.allreduce(np.array(rows, np.float64).reshape(-1), op="min").reshape(len(keys), len(cols) + 1)
+        steps = comm.allreduce(np.array([float(np.median(self._step_s.get(m, [missing]))) for m in cols]), op="max")
+        step_s = {m: float(t) for m, t in zip(cols, steps) if t < missing}
+        trials = {m: [(self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
                   for j, m in enumerate(cols)}
         physics = cm.fit(self._calibration or [], self._codecs, comm.size)
         self.model = cm.fit(self._calibration or [], self._codecs, comm.size, trials)
+        allowed = cols
+        if "none" in step_s:
+            allowed = [m for m in cols if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)]
         decisions = cm.decide(self.model, [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
-                              cols, self.margin, self.min_gain)
+                              allowed, self.margin, self.min_gain)
         self.decisions = {d.key: d for d in decisions}
         for i, d in enumerate(decisions):
             self._switch_path(d.key, [d.method])
-            measured = {m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] >= 0}
+            measured = {m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < missing}
             self._log("decision", step=step, bucket=d.key, bytes=d.nbytes, method=d.method, reason=d.reason,
                       predicted_s=d.predicted_s, predicted_gain_s=d.predicted_gain_s,
-                      predicted=d.predicted, measured_trial=measured,
+                      predicted={m: self.model.predict(m, d.nbytes) for m in cols},
+                      measured_trial=measured, trial_step_s=step_s,
+                      vetoed=[m for m in cols if m not in allowed],
                       physics_predicted={m: physics.predict(m, d.nbytes) for m in cols})
         self.decided_step = step + 1
         self._times.clear()
         self._ready.clear()
+        self._step_s.clear()
         self._measured = [0.0, 0.0, 0.0]
 
     def _switch_path(self, key: str, path: List[str]) -> None:
@@ -374,15 +393,16 @@ class AutoCompression:
     def _run_check(self, comm: Any, step: int) -> None:
         """One allreduce (sum) of every checked sample and the drift sums; the verdicts."""
         checks, self._check = self._check, []
-        parts = [both for _, _, both, _ in checks] + [np.array(self._measured, np.float32)]
-        total = comm.allreduce(np.concatenate(parts).astype(np.float32), op="sum") / comm.size
+        parts = [both for _, _, both, _ in checks]
+        total = comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
+        drift = comm.allreduce(np.array(self._measured, np.float64), op="min")  # as the trials: least over ranks
         off = 0
         for key, method, both, got in checks:
             n = got.size
             meant, grad = total[off : off + n], total[off + n : off + 2 * n]
             off += 2 * n
             self._guard(key, method, _relative(got, meant), _relative(got, grad), step)
-        measured, predicted, uncompressed = (float(v) for v in total[off : off + 3])
+        measured, predicted, uncompressed = (float(v) for v in drift)
         self._measured = [0.0, 0.0, 0.0]
         if predicted > 0:
             rel = (measured - predicted) / predicted
