@@ -178,5 +178,36 @@ def case_recommend_does_not_apply(ck: Checks):
     ck.check(again["decisions"] == auto.report()["decisions"], "the hook's decision", again["source"])
 
 
+def case_with_momentum_correction_profiler_and_checkpoint(ck: Checks):
+    """Adam with momentum correction, the step profiler on, and a checkpoint taken after the
+    decision that resumes to the same parameters."""
+    model = DDP(net(), bucket_cap_mb=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    auto = zcoll.AutoCompression(methods=("none", "int8", "top1%"), trial_repeats=2, check_every=2, drift=math.inf)
+    state = zcoll.torch.apply_gradient_compression(model, auto, 1, optimizer=opt)  # Adam: warm-up >= 1
+    with zcoll.torch.profile(model, shared_dir(), optimizer=opt):
+        for i in range(9):
+            step(model, opt, i)
+    ck.check(auto.decided_step == 7 and len(events(auto, "decision")) >= 2, "decided", f"{auto.decided_step}")
+    saved = {"state": state.state_dict(), "model": {k: v.clone() for k, v in model.state_dict().items()},
+             "opt": opt.state_dict()}
+    for i in range(9, 12):
+        step(model, opt, i)
+    want = flat(model)
+    ck.same_on_all_ranks("parameters", want.numpy().tobytes())
+    # resume into fresh objects: the same three steps give the same bits
+    model2 = DDP(net(), bucket_cap_mb=0.1)
+    model2.load_state_dict(saved["model"])
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3)
+    auto2 = zcoll.AutoCompression(methods=("none", "int8", "top1%"), trial_repeats=2, check_every=2, drift=math.inf)
+    state2 = zcoll.torch.apply_gradient_compression(model2, auto2, 1, optimizer=opt2)
+    state2.load_state_dict(saved["state"])
+    opt2.load_state_dict(saved["opt"])
+    for i in range(9, 12):
+        step(model2, opt2, i)
+    ck.check(auto2.path == auto.path, "the resumed hook uses the saved decisions", f"{auto2.path} vs {auto.path}")
+    ck.check(torch.equal(flat(model2), want), "resumed bit-exactly")
+
+
 if __name__ == "__main__":
     run_cases(globals())
