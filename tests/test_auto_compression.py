@@ -157,3 +157,20 @@ ON_FOUR = ["decisions_identical_on_every_rank", "corrupting_codec_escalates_with
 @pytest.mark.parametrize("case", ON_FOUR)
 def test_auto_compression_four_ranks(case):
     script_job("torch_mpi/auto_compression.py", 4, *ON_FOUR, timeout=400).check(case)
+
+
+def test_zcoll_report_reads_a_metrics_log(tmp_path):
+    log = MetricsLog(str(tmp_path / "m.jsonl"))
+    log.write("bucket", step=3, bucket="ddp/bucket0/10", method="int8", ratio=3.9, residual_ratio=0.01, nonfinite=0, seconds=1e-3)
+    log.write("decision", step=2, bucket="ddp/bucket0/10", bytes=40, method="int8", reason="the least lossy",
+              predicted_s=1e-3, predicted_gain_s=2e-3, predicted={"none": 3e-3, "int8": 1e-3},
+              measured_trial={"none": 3.1e-3, "int8": 1.1e-3})
+    log.write("measured", step=5, measured_s=0.011, predicted_s=0.010, relative=0.1, predicted_gain_s=0.02, measured_gain_s=0.019)
+    log.write("check", step=5, bucket="ddp/bucket0/10", method="int8", error=0.5, bound=1e-3, step_error=0.6, residual_ratio=0.01)
+    log.write("escalate", step=5, bucket="ddp/bucket0/10", method="bf16", previous="int8", error=0.5, bound=1e-3)
+    log.close()
+    rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path)], timeout=120)
+    assert rc == 0, out
+    for want in ("int8: 1.00 / 1.10 (none 3.10)", "median |error| 10.0%", "exact checks, int8: 1, worst relative error 0.5",
+                 "escalate  ddp/bucket0/10 int8 -> bf16", "3.9x"):
+        assert want in out, f"{want!r} not in:\n{out}"

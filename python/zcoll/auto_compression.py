@@ -32,7 +32,8 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    was lost beyond error feedback; also ``step_error``, against the average gradient, logged:
    error feedback sends the difference later); ``error`` above ``bound`` escalates the bucket (ESCALATION: sign/top-k -> int4 -> int8 ->
    bf16 -> none); ``calm_checks`` checks in a row below a quarter of the bound step it back
-   down one level (hysteresis).
+   down one level (hysteresis). Optional ``residual_bound``: a residual-to-gradient norm ratio
+   above it escalates too (error feedback's debt growing; below half of it counts as calm).
 
 Test-only fault: ``_test_corrupt_fraction`` (private) overwrites that fraction of a compressed
 result's values (the same ones on every rank) with 1e3 times the bucket's largest value.
@@ -86,7 +87,8 @@ class AutoCompression:
     rebuilds its buckets after step 0); margin / min_gain: see compression_model.decide;
     guard: the per-step metrics and exact checks; check_every: steps between exact checks (and
     drift checks); sample: elements per bucket in a check; bound: relative error lost beyond
-    error feedback that escalates (DEFAULT_BOUND);
+    error feedback that escalates (DEFAULT_BOUND); residual_bound: a residual-to-gradient norm
+    ratio (the ranks' mean at a check) that escalates too (None: off; not calibrated yet);
     calm_checks: quiet checks before stepping back down; drift: relative drift of measured from
     predicted communication time that re-decides; diagnose_every: steps between link
     diagnoses (0: never; a changed verdict re-decides); metrics_path: JSON-lines log (rank 0
@@ -114,6 +116,7 @@ class AutoCompression:
         check_every: int = 50,
         sample: int = 4096,
         bound: float = DEFAULT_BOUND,
+        residual_bound: Optional[float] = None,
         calm_checks: int = 3,
         drift: float = 0.25,
         diagnose_every: int = 0,
@@ -136,6 +139,8 @@ class AutoCompression:
         self.trial_repeats, self.margin, self.min_gain = int(trial_repeats), margin, min_gain
         self.guard, self.check_every, self.sample = bool(guard), int(check_every), int(sample)
         self.bound = float(bound)
+        self.residual_bound = None if residual_bound is None else float(residual_bound)
+        self._residual_ratio: Dict[str, float] = {}
         self.calm_checks, self.drift, self.diagnose_every = int(calm_checks), float(drift), int(diagnose_every)
         self.metrics_path, self.metrics_port, self.seed = metrics_path, metrics_port, seed
         self._test_corrupt_fraction = float(_test_corrupt_fraction)
@@ -269,7 +274,8 @@ class AutoCompression:
             self._metrics(key, method, step, x, stats, seconds)
         if checking:
             meant -= self._residual_at(key, idx)
-            self._check.append((key, method, np.concatenate([meant, grad]).astype(np.float32), y[idx].copy()))
+            both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
+            self._check.append((key, method, both, y[idx].copy()))
         if last:
             self._end_step(comm, step)
         return out
@@ -309,6 +315,7 @@ class AutoCompression:
         idx = self._sample_indices(key, 0xFFFFFFFF, x.size)  # fixed per key (no step uses it)
         g = float(np.linalg.norm(x[idx]))
         r = float(np.linalg.norm(e.reshape(-1)[idx])) / g if e is not None and g > 0 else 0.0
+        self._residual_ratio[key] = r
         ratio = stats.ratio if stats is not None else 1.0
         m = self.metrics
         if m is not None:
@@ -399,9 +406,9 @@ class AutoCompression:
         off = 0
         for key, method, both, got in checks:
             n = got.size
-            meant, grad = total[off : off + n], total[off + n : off + 2 * n]
-            off += 2 * n
-            self._guard(key, method, _relative(got, meant), _relative(got, grad), step)
+            meant, grad, residual = total[off : off + n], total[off + n : off + 2 * n], float(total[off + 2 * n])
+            off += 2 * n + 1
+            self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
         measured, predicted, uncompressed = (float(v) for v in drift)
         self._measured = [0.0, 0.0, 0.0]
         if predicted > 0:
@@ -414,25 +421,29 @@ class AutoCompression:
                 self._redecide(step, f"measured communication {measured * 1e3:.1f} ms vs predicted "
                                f"{predicted * 1e3:.1f} ms at two checks in a row")
 
-    def _guard(self, key: str, method: str, err: float, step_err: float, step: int) -> None:
+    def _guard(self, key: str, method: str, err: float, step_err: float, residual: float, step: int) -> None:
         """err: what the result lost beyond what error feedback carries over (relative to the
-        average of what the ranks meant to send); step_err: against the average gradient."""
+        average of what the ranks meant to send); step_err: against the average gradient;
+        residual: the ranks' mean residual-to-gradient norm ratio (escalates above
+        residual_bound when one is set)."""
         bound = self.bound
+        owed = self.residual_bound is not None and residual > self.residual_bound
         if self.metrics is not None:
             self.metrics.set("zcoll_compression_check_error", min(err, 1e300), bucket=key, method=method)
             self.metrics.set("zcoll_compression_step_error", min(step_err, 1e300), bucket=key, method=method)
-        self._log("check", step=step, bucket=key, method=method, error=err, bound=bound, step_error=step_err)
+        self._log("check", step=step, bucket=key, method=method, error=err, bound=bound, step_error=step_err,
+                  residual_ratio=residual)
         path = self.path.get(key)
         if path is None or path[-1] != method:
             return
-        if err > bound and method in cm.ESCALATION:
+        if (err > bound or owed) and method in cm.ESCALATION:
             up = cm.ESCALATION[method]
             path.append(up)
             self._calm[key] = 0
             if self.metrics is not None:
                 self.metrics.add("zcoll_compression_escalations_total", 1, bucket=key)
             self._log("escalate", step=step, bucket=key, method=up, previous=method, error=err, bound=bound)
-        elif len(path) > 1 and err < bound / 4:
+        elif len(path) > 1 and err < bound / 4 and (self.residual_bound is None or residual < self.residual_bound / 2):
             self._calm[key] += 1
             if self._calm[key] >= self.calm_checks:
                 path.pop()

@@ -125,6 +125,34 @@ def case_steps_back_down_when_calm(ck: Checks):
              "back to int8 after two calm checks", f"{down}")
 
 
+def case_residual_bound_escalates(ck: Checks):
+    # sign's residual is about as large as the gradient (~1): a bound of 0.1 escalates it to int4
+    auto = zcoll.AutoCompression(methods=("sign",), trial_repeats=2, check_every=2, drift=math.inf, residual_bound=0.1)
+    train(auto, 5)  # decided at 3, checked at 4
+    up = events(auto, "escalate")
+    ck.check(len(up) == len(auto.path) and all(e["method"] == "int4" and e["step"] == 4 for e in up),
+             "sign -> int4 at the first check", f"{up} {events(auto, 'check')}")
+
+
+def case_redecides_when_the_link_verdict_changes(ck: Checks):
+    model = DDP(net(), bucket_cap_mb=0.1)
+    comm = model.process_group.communicator
+    labels = iter(["healthy"] * 3 + ["slow link"] * 100)
+    calls = []
+
+    def diagnose():  # the telemetry's verdict, scripted: healthy, then a slow link (same on every rank)
+        calls.append(1)
+        return type("Verdict", (), {"label": next(labels)})()
+
+    comm.diagnose = diagnose
+    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, drift=math.inf, diagnose_every=2)
+    train(auto, 14, model)  # decided at the end of step 4; verdicts at 4, 6, 8, 10 (changed): trials from 11
+    again = events(auto, "redecide")
+    ck.check(len(again) == 1 and again[0]["step"] == 10 and "slow link" in again[0]["reason"],
+             "re-decided when the verdict changed", f"{again} after {len(calls)} diagnoses")
+    ck.check(auto.in_trials(11) and auto.in_trials(14), "trials again")
+
+
 def case_redecides_on_drift(ck: Checks):
     auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, check_every=2, drift=0.0)
     train(auto, 15)  # decided at 5; drift checks at 6 and 8 -> re-decide; trials 9-12, decided at 13
