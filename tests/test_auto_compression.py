@@ -82,15 +82,25 @@ def test_deterministic_and_methods_respected():
     assert {x.method for x in only} == {"int8"}  # none is not a candidate unless listed
 
 
-def test_fit_per_method_call_cost():
+def test_fit_per_method_and_bucket():
     cal = [(256.0, 256.0, 40e-6), (float(MIB), float(MIB), 40e-6 + MIB * 1e-9), (4.0 * MIB, 4.0 * MIB, 40e-6 + 4 * MIB * 1e-9)]
-    m = cm.fit(cal, codecs(), 2, {"int8": [(MIB, 2e-3), (4 * MIB, 5e-3)]})
-    assert m.link.beta == pytest.approx(1e-9, rel=1e-3)  # least squares over the three sizes
-    assert m.link.alpha == pytest.approx(40e-6 - 256e-9, rel=1e-3)
-    want = np.median([2e-3 - m.transfer("int8", MIB), 5e-3 - m.transfer("int8", 4 * MIB)])
-    assert want > 0
-    assert m.alpha["int8"] == pytest.approx(want)
-    assert m.predict("none", MIB) == pytest.approx(m.link.alpha + MIB * m.link.beta)
+    physics = cm.fit(cal, codecs(), 2)
+    assert physics.link.beta == pytest.approx(1e-9, rel=1e-3)  # least squares over the three sizes
+    assert physics.link.alpha == pytest.approx(40e-6 - 256e-9, rel=1e-3)
+    assert physics.predict("none", MIB) == pytest.approx(physics.link.alpha + MIB * physics.link.beta)
+    # trials: a per-call cost per method plus a per-bucket offset (exactly additive here)
+    alpha = {"none": 1e-4, "int8": 3e-4, "top1%": 5e-4}
+    offset = {"b0": 2e-3, "b1": 0.0, "b2": 5e-4}
+    size = {"b0": MIB, "b1": 4 * MIB, "b2": 2 * MIB}
+    trials = {m: [(k, size[k], a + offset[k] + physics.transfer(m, size[k])) for k in size] for m, a in alpha.items()}
+    m = cm.fit(cal, codecs(), 2, trials)
+    for method, pts in trials.items():
+        for k, n, s in pts:
+            assert m.predict(method, n, k) == pytest.approx(s, rel=1e-9), (method, k)
+    # one wild measurement moves the fit little (medians)
+    trials["int8"][0] = ("b0", MIB, 1.0)
+    m = cm.fit(cal, codecs(), 2, trials)
+    assert m.predict("int8", 4 * MIB, "b1") == pytest.approx(trials["int8"][1][2], rel=0.05)
 
 
 def test_exposed():

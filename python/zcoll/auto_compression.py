@@ -305,8 +305,8 @@ class AutoCompression:
                 self._ready.setdefault(key, []).append(ready - self._step_ready0)
         elif self.model is not None and key in self.path:
             self._measured[0] += seconds
-            self._measured[1] += self.model.predict(method, self._nbytes[key])
-            self._measured[2] += self.model.predict("none", self._nbytes[key])
+            self._measured[1] += self.model.predict(method, self._nbytes[key], key)
+            self._measured[2] += self.model.predict("none", self._nbytes[key], key)
 
     def _metrics(self, key: str, method: str, step: int, x: np.ndarray, stats: Any, seconds: float) -> None:
         """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
@@ -368,7 +368,7 @@ class AutoCompression:
         table = comm.allreduce(np.array(rows, np.float64).reshape(-1), op="min").reshape(len(keys), len(cols) + 1)
         steps = comm.allreduce(np.array([float(np.median(self._step_s.get(m, [missing]))) for m in cols]), op="max")
         step_s = {m: float(t) for m, t in zip(cols, steps) if t < missing}
-        trials = {m: [(self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
+        trials = {m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
                   for j, m in enumerate(cols)}
         physics = cm.fit(self._calibration or [], self._codecs, comm.size)
         self.model = cm.fit(self._calibration or [], self._codecs, comm.size, trials)
@@ -383,7 +383,7 @@ class AutoCompression:
             measured = {m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < missing}
             self._log("decision", step=step, bucket=d.key, bytes=d.nbytes, method=d.method, reason=d.reason,
                       predicted_s=d.predicted_s, predicted_gain_s=d.predicted_gain_s,
-                      predicted={m: self.model.predict(m, d.nbytes) for m in cols},
+                      predicted={m: self.model.predict(m, d.nbytes, d.key) for m in cols},
                       measured_trial=measured, trial_step_s=step_s,
                       vetoed=[m for m in cols if m not in allowed],
                       physics_predicted={m: physics.predict(m, d.nbytes) for m in cols})

@@ -12,9 +12,10 @@ Model (the terms of zcoll.step_model.Link, the step model of ``zcoll report``, p
      payload ratio), (p-1) n times the payload ratio for top-k's allgather;
    - codec: encode + decode kernel time at the measured rates (the compressed algorithms
      pipeline it with the transfer, hence the max);
-   - alpha_m: the per-call cost of method m, fitted on this job: the median over the trial
-     measurements of what a call took beyond the max term (the calibration's smallest
-     allreduce before any trial).
+   - alpha_m + offset_b: what the trial steps' calls took beyond the max term, split into a
+     per-call cost per method and an offset per bucket (its place in the step: the backward
+     computation it shares the cores with), fitted on this job (median polish); before any
+     trial, alpha is the calibration's smallest allreduce and there is no offset.
 2. What the step's overlap hides: bucket j is handed over at ready_j (measured, from the first
    bucket's hand-over); one worker runs the buckets in order, so bucket j ends at
    max(ready_j, end_{j-1}) + time_j, and the step pays exposed = max(0, end_last - ready_last).
@@ -81,13 +82,15 @@ class CostModel:
 
     link: Link
     alpha: Dict[str, float] = field(default_factory=dict)  # fitted per-call cost per method
+    offset: Dict[str, float] = field(default_factory=dict)  # fitted per bucket (its place in the step)
 
     def transfer(self, method: str, nbytes: float) -> float:
         """The bandwidth and kernel term, without the per-call cost."""
         return max(self.link.beta * self.link.wire(method, nbytes), self.link.codec_time(method, nbytes))
 
-    def predict(self, method: str, nbytes: float) -> float:
-        return self.alpha.get(method, self.link.alpha) + self.transfer(method, nbytes)
+    def predict(self, method: str, nbytes: float, key: Optional[str] = None) -> float:
+        base = self.alpha.get(method, self.link.alpha) + self.transfer(method, nbytes)
+        return max(0.0, base + self.offset.get(key, 0.0)) if key is not None else base
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -105,11 +108,14 @@ def fit(
     calibration: Sequence[Tuple[float, float, float]],
     codecs: Dict[str, Dict[str, Any]],
     ranks: int,
-    trials: Optional[Dict[str, Sequence[Tuple[float, float]]]] = None,
+    trials: Optional[Dict[str, Sequence[Tuple[str, float, float]]]] = None,
 ) -> CostModel:
     """The model from the calibration (dense bytes, bytes sent, seconds) of uncompressed
-    allreduces, the codec rates (zcoll.torch.profiler's _time_codec format) and, when given, the
-    trial measurements {method: [(dense bytes, seconds)]}: each method's per-call cost."""
+    allreduces, the codec rates (format of Link.codecs) and, when given, the trial measurements
+    {method: [(bucket key, dense bytes, seconds)]}: what the measurements took beyond the
+    transfer term, split additively into a per-call cost per method and an offset per bucket
+    (what its place in the step adds: the computation it competes with for the cores), by
+    Tukey's median polish (medians, so one slow trial moves neither much)."""
     points = [{"bytes": b, "wire": w, "seconds": s} for b, w, s in calibration]
     link = fit_link([], "none", codecs, ranks, {"points": points}, None)
     link.wire_per_byte = 2.0 * (ranks - 1) / ranks
@@ -117,9 +123,16 @@ def fit(
         b, w, s = min(calibration)
         link.alpha = max(0.0, s - link.beta * w)
     model = CostModel(link)
-    for method, pts in (trials or {}).items():
-        if pts:
-            model.alpha[method] = float(np.median([max(0.0, s - model.transfer(method, n)) for n, s in pts]))
+    extra = {(m, k): s - model.transfer(m, n) for m, pts in (trials or {}).items() for k, n, s in pts}
+    if not extra:
+        return model
+    methods, keys = sorted({m for m, _ in extra}), sorted({k for _, k in extra})
+    offset = dict.fromkeys(keys, 0.0)
+    for _ in range(3):
+        alpha = {m: float(np.median([v - offset[k] for (mm, k), v in extra.items() if mm == m])) for m in methods}
+        offset = {k: float(np.median([v - alpha[m] for (m, kk), v in extra.items() if kk == k])) for k in keys}
+    model.alpha = {m: max(0.0, a) for m, a in alpha.items()}
+    model.offset = offset
     return model
 
 
@@ -165,8 +178,8 @@ def decide(
     order = [m for m in LOSSINESS if m in methods] + [m for m in methods if m not in LOSSINESS]
     out: List[Decision] = []
     for key, n, _ in buckets:
-        cost = {m: model.predict(m, n) for m in order}
-        dense = model.predict("none", n)
+        cost = {m: model.predict(m, n, key) for m in order}
+        dense = model.predict("none", n, key)
         fastest = min(cost.values())
         pick = next(m for m in order if cost[m] <= fastest * (1 + margin))
         reason = f"the least lossy method within {margin:.0%} of the fastest ({min(cost, key=cost.get)})"
