@@ -89,7 +89,7 @@ def options(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--result", type=Path, required=True, help="JSON written by rank 0")
     p.add_argument("--progress", type=Path, help="directory for the per-rank progress files")
-    p.add_argument("--metrics-dir", help="where compression='auto' configurations write their JSON-lines logs")
+    p.add_argument("--metrics-dir", help="where the compression='auto' configurations write their logs")
     a = p.parse_args(argv)
     wl.AUTO_METRICS_DIR = a.metrics_dir
     a.configs = [c for c in a.configs.split(",") if c]

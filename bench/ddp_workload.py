@@ -184,24 +184,23 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-sign", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=1)),
         Config("zcoll-top1%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.01)),
         # checks every 10 steps: predicted vs measured communication within a short timed run
-        Config("zcoll-auto", "zcoll", auto=True,
-               compressor=lambda: _zcoll().AutoCompression(check_every=10, metrics_path=_metrics("auto"))),
+        Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=10)),
         # the guard alone (one method, escalated when its sampled error grows): its overhead
         # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
-        Config("zcoll-guarded-sign", "zcoll", auto=True,
-               compressor=lambda: _zcoll().AutoCompression(methods=("sign",), metrics_path=_metrics("guarded-sign"))),
-        Config("zcoll-guarded-top1%", "zcoll", auto=True,
-               compressor=lambda: _zcoll().AutoCompression(methods=("top1%",), metrics_path=_metrics("guarded-top1"))),
+        Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _auto("sign", methods=["sign"])),
+        Config("zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _auto("top1", methods=["top1%"])),
     ]
 }
 AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
 AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
 
 
-def _metrics(name: str) -> Optional[str]:
+def _auto(name: str, **options: Any) -> Any:
+    """A zcoll.AutoCompression writing its log to AUTO_METRICS_DIR (rank 0's pid in the name)."""
     import os
 
-    return os.path.join(AUTO_METRICS_DIR, f"zcoll-{name}-{os.getpid()}.jsonl") if AUTO_METRICS_DIR else None
+    path = os.path.join(AUTO_METRICS_DIR, f"zcoll-guard-{name}-{os.getpid()}.jsonl") if AUTO_METRICS_DIR else None
+    return _zcoll().AutoCompression(metrics_path=path, **options)
 POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baseline's)
 POWERSGD_START = 2  # start_powerSGD_iter: DDP's minimum with error feedback (buckets rebuild at step 1)
 

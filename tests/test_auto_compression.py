@@ -26,7 +26,14 @@ def codecs(encode_gbs: float = 4.0):
     """Synthetic kernel rates: every codec encodes and decodes at encode_gbs GB/s."""
     rate = 1.0 / (encode_gbs * 1e9)
     out = {}
-    for m, payload in (("bf16", 0.5), ("int8", 0.2578), ("int4", 0.1328), ("sign", 0.0352), ("top10%", 0.2), ("top1%", 0.02)):
+    for m, payload in (
+        ("bf16", 0.5),
+        ("int8", 0.2578),
+        ("int4", 0.1328),
+        ("sign", 0.0352),
+        ("top10%", 0.2),
+        ("top1%", 0.02),
+    ):
         out[m] = {
             "encode_s_per_byte": rate,
             "decode_s_per_byte": rate,
@@ -36,7 +43,9 @@ def codecs(encode_gbs: float = 4.0):
     return out
 
 
-def model(gbps: float, alpha: float = 50e-6, compressed_alpha: float = 150e-6, ranks: int = 2) -> cm.CostModel:
+def model(
+    gbps: float, alpha: float = 50e-6, compressed_alpha: float = 150e-6, ranks: int = 2
+) -> cm.CostModel:
     link = Link(alpha, 8.0 / (gbps * 1e9), 2.0 * (ranks - 1) / ranks, "none", codecs(), ranks)
     return cm.CostModel(link, {m: compressed_alpha for m in codecs()} | {"none": alpha})
 
@@ -83,7 +92,11 @@ def test_deterministic_and_methods_respected():
 
 
 def test_fit_per_method_and_bucket():
-    cal = [(256.0, 256.0, 40e-6), (float(MIB), float(MIB), 40e-6 + MIB * 1e-9), (4.0 * MIB, 4.0 * MIB, 40e-6 + 4 * MIB * 1e-9)]
+    cal = [
+        (256.0, 256.0, 40e-6),
+        (float(MIB), float(MIB), 40e-6 + MIB * 1e-9),
+        (4.0 * MIB, 4.0 * MIB, 40e-6 + 4 * MIB * 1e-9),
+    ]
     physics = cm.fit(cal, codecs(), 2)
     assert physics.link.beta == pytest.approx(1e-9, rel=1e-3)  # least squares over the three sizes
     assert physics.link.alpha == pytest.approx(40e-6 - 256e-9, rel=1e-3)
@@ -92,7 +105,10 @@ def test_fit_per_method_and_bucket():
     alpha = {"none": 1e-4, "int8": 3e-4, "top1%": 5e-4}
     offset = {"b0": 2e-3, "b1": 0.0, "b2": 5e-4}
     size = {"b0": MIB, "b1": 4 * MIB, "b2": 2 * MIB}
-    trials = {m: [(k, size[k], a + offset[k] + physics.transfer(m, size[k])) for k in size] for m, a in alpha.items()}
+    trials = {
+        m: [(k, size[k], a + offset[k] + physics.transfer(m, size[k])) for k in size]
+        for m, a in alpha.items()
+    }
     m = cm.fit(cal, codecs(), 2, trials)
     for method, pts in trials.items():
         for k, n, s in pts:
@@ -171,16 +187,58 @@ def test_auto_compression_four_ranks(case):
 
 def test_zcoll_report_reads_a_metrics_log(tmp_path):
     log = MetricsLog(str(tmp_path / "m.jsonl"))
-    log.write("bucket", step=3, bucket="ddp/bucket0/10", method="int8", ratio=3.9, residual_ratio=0.01, nonfinite=0, seconds=1e-3)
-    log.write("decision", step=2, bucket="ddp/bucket0/10", bytes=40, method="int8", reason="the least lossy",
-              predicted_s=1e-3, predicted_gain_s=2e-3, predicted={"none": 3e-3, "int8": 1e-3},
-              measured_trial={"none": 3.1e-3, "int8": 1.1e-3})
-    log.write("measured", step=5, measured_s=0.011, predicted_s=0.010, relative=0.1, predicted_gain_s=0.02, measured_gain_s=0.019)
-    log.write("check", step=5, bucket="ddp/bucket0/10", method="int8", error=0.5, bound=1e-3, step_error=0.6, residual_ratio=0.01)
-    log.write("escalate", step=5, bucket="ddp/bucket0/10", method="bf16", previous="int8", error=0.5, bound=1e-3)
+    log.write(
+        "bucket",
+        step=3,
+        bucket="ddp/bucket0/10",
+        method="int8",
+        ratio=3.9,
+        residual_ratio=0.01,
+        nonfinite=0,
+        seconds=1e-3,
+    )
+    log.write(
+        "decision",
+        step=2,
+        bucket="ddp/bucket0/10",
+        bytes=40,
+        method="int8",
+        reason="the least lossy",
+        predicted_s=1e-3,
+        predicted_gain_s=2e-3,
+        predicted={"none": 3e-3, "int8": 1e-3},
+        measured_trial={"none": 3.1e-3, "int8": 1.1e-3},
+    )
+    log.write(
+        "measured",
+        step=5,
+        measured_s=0.011,
+        predicted_s=0.010,
+        relative=0.1,
+        predicted_gain_s=0.02,
+        measured_gain_s=0.019,
+    )
+    log.write(
+        "check",
+        step=5,
+        bucket="ddp/bucket0/10",
+        method="int8",
+        error=0.5,
+        bound=1e-3,
+        step_error=0.6,
+        residual_ratio=0.01,
+    )
+    log.write(
+        "escalate", step=5, bucket="ddp/bucket0/10", method="bf16", previous="int8", error=0.5, bound=1e-3
+    )
     log.close()
     rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path)], timeout=120)
     assert rc == 0, out
-    for want in ("int8: 1.00 / 1.10 (none 3.10)", "median |error| 10.0%", "exact checks, int8: 1, worst relative error 0.5",
-                 "escalate  ddp/bucket0/10 int8 -> bf16", "3.9x"):
+    for want in (
+        "int8: 1.00 / 1.10 (none 3.10)",
+        "median |error| 10.0%",
+        "exact checks, int8: 1, worst relative error 0.5",
+        "escalate  ddp/bucket0/10 int8 -> bf16",
+        "3.9x",
+    ):
         assert want in out, f"{want!r} not in:\n{out}"

@@ -10,30 +10,31 @@ Everything below runs on the process group's ordered worker, in bucket order, so
 collective it adds is issued in the same order on every rank; every decision is made from
 allreduced numbers by deterministic code, so it is identical on every rank.
 
-1. Calibrate (first compressed bucket): uncompressed allreduces of 256 B, 1 MiB and 4 MiB and each method's kernel rates (zcoll.compression_model.codec_rates); the
-   timings are allreduced (max), so every rank fits the same model.
+1. Calibrate (first bucket): uncompressed allreduces of 256 B, 1 MiB and 4 MiB and the kernel
+   rates of every method (and of what the guard may escalate to); the slowest rank's numbers
+   on every rank, so every rank fits the same model (:func:`calibrate`).
 2. Trials (``len(methods) * trial_repeats`` steps from ``start_step``): every bucket of a step
-   goes with the same method, each method for trial_repeats steps; each bucket's time on the
-   worker and its hand-over time are recorded (the first step of each method is not counted).
-3. Decide (at the end of the last trial step): medians allreduced over ranks (see _decide), the
-   model's per-method per-call cost fitted on them (compression_model.fit), decide() per bucket
-   among the methods whose trial steps were faster than uncompressed ones; a
-   ``decision`` event per bucket: method, reason, the model's prediction for every method and
-   the trial's measurement of each.
-4. Afterwards, each bucket's time is compared with the prediction: a ``measured`` event after
-   ``check_every`` steps gives the measured gain; when the measured sum drifts from the
-   predicted one by more than ``drift`` at two checks in a row, or when the link telemetry's
-   verdict (``diagnose_every``) changes, the trials run again (``redecide``).
-5. Guard, every step and bucket: compression ratio, residual-to-gradient norm ratio (on
-   ``sample`` fixed indices), non-finite count (``bucket`` events, Prometheus gauges). Every ``check_every`` steps, an
-   exact check: ``sample`` indices (the same on every rank, from the key and the step) of what
-   each rank meant to send (its gradient plus the residual it carried minus the one it keeps)
-   are averaged uncompressed, and compared with the compressed result there (``error``: what
-   was lost beyond error feedback; also ``step_error``, against the average gradient, logged:
-   error feedback sends the difference later); ``error`` above ``bound`` escalates the bucket (ESCALATION: sign/top-k -> int4 -> int8 ->
-   bf16 -> none); ``calm_checks`` checks in a row below a quarter of the bound step it back
-   down one level (hysteresis). Optional ``residual_bound``: a residual-to-gradient norm ratio
-   above it escalates too (error feedback's debt growing; below half of it counts as calm).
+   goes with the same method, each method for trial_repeats steps (the first not counted);
+   each bucket's time on the worker, its hand-over time and each step's time are recorded.
+3. Decide (at the end of the last trial step, :meth:`_decide`): the trials' medians, allreduced,
+   fit the model (compression_model.fit); compression_model.decide chooses per bucket among the
+   methods whose trial steps were faster than the uncompressed ones; a ``decision`` event per
+   bucket: method, reason, the model's prediction and the trials' measurement of every method.
+4. Afterwards, every ``check_every`` steps, measured against predicted communication (a
+   ``measured`` event, with both gains over the model's uncompressed time); off by more than
+   ``drift`` at two checks in a row, or a changed link verdict (``comm.diagnose()`` every
+   ``diagnose_every`` steps), runs the trials again (``redecide``).
+5. Guard, every step and compressed bucket: compression ratio, residual-to-gradient norm ratio
+   (on ``sample`` fixed indices), non-finite count (``bucket`` events, Prometheus gauges).
+   Every ``check_every`` steps an exact check: at ``sample`` indices (the same on every rank,
+   from the key and the step) what each rank meant to send (its gradient plus the residual it
+   carried minus the one it keeps) is averaged uncompressed and compared with the compressed
+   result (``error``: lost beyond error feedback; ``step_error``, against the average
+   gradient, is logged only: error feedback sends that part later). ``error`` above ``bound``
+   escalates the bucket one step (ESCALATION: sign/top-k -> int4 -> int8 -> bf16 -> none);
+   ``calm_checks`` checks in a row under a quarter of it step back down one (hysteresis).
+   Optional ``residual_bound``: a mean residual-to-gradient ratio above it escalates too
+   (error feedback's debt growing; under half of it counts as calm).
 
 Test-only fault: ``_test_corrupt_fraction`` (private) overwrites that fraction of a compressed
 result's values (the same ones on every rank) with 1e3 times the bucket's largest value.
@@ -130,8 +131,8 @@ class AutoCompression:
             raise ValueError(f"unknown methods {unknown}; known: none, {', '.join(cm.METHODS)}")
         if trial_repeats < 2 or start_step < 0 or check_every < 1 or sample < 1 or calm_checks < 1:
             raise ValueError(
-                "need trial_repeats >= 2, start_step >= 0, check_every >= 1, sample >= 1, calm_checks >= 1; got "
-                f"{trial_repeats}, {start_step}, {check_every}, {sample}, {calm_checks}"
+                "need trial_repeats >= 2, start_step >= 0, check_every >= 1, sample >= 1, calm_checks >= 1; "
+                f"got {trial_repeats}, {start_step}, {check_every}, {sample}, {calm_checks}"
             )
         if not 0.0 <= _test_corrupt_fraction <= 1.0:
             raise ValueError(f"_test_corrupt_fraction must be in [0, 1], got {_test_corrupt_fraction}")
@@ -141,7 +142,11 @@ class AutoCompression:
         self.bound = float(bound)
         self.residual_bound = None if residual_bound is None else float(residual_bound)
         self._residual_ratio: Dict[str, float] = {}
-        self.calm_checks, self.drift, self.diagnose_every = int(calm_checks), float(drift), int(diagnose_every)
+        self.calm_checks, self.drift, self.diagnose_every = (
+            int(calm_checks),
+            float(drift),
+            int(diagnose_every),
+        )
         self.metrics_path, self.metrics_port, self.seed = metrics_path, metrics_port, seed
         self._test_corrupt_fraction = float(_test_corrupt_fraction)
         self.metrics: Optional[MetricsLog] = None
@@ -189,7 +194,9 @@ class AutoCompression:
         if key in self.path:
             return self.path[key][-1]
         if self.decided_step is not None and self.model is not None:
-            return cm.decide(self.model, [(key, nbytes, 0.0)], self.methods, self.margin, self.min_gain)[0].method
+            return cm.decide(self.model, [(key, nbytes, 0.0)], self.methods, self.margin, self.min_gain)[
+                0
+            ].method
         return "none"
 
     def compressor(self, method: str) -> Any:
@@ -236,7 +243,9 @@ class AutoCompression:
     def allreduce(self, comm: Any, buf: Any, key: str, step: int, last: bool, ready: float) -> Any:
         """Averages `buf` over comm with this step's method for `key`; returns the result."""
         if self.metrics is None:
-            self.metrics = MetricsLog(self.metrics_path if comm.rank == 0 else None, self.metrics_port, comm.rank)
+            self.metrics = MetricsLog(
+                self.metrics_path if comm.rank == 0 else None, self.metrics_port, comm.rank
+            )
         x = _array(buf)
         if self._calibration is None:
             self._calibrate(comm)
@@ -263,7 +272,9 @@ class AutoCompression:
             finally:
                 stats = c.last_stats
                 if stats is not None and stats.nonfinite and self.metrics is not None:
-                    self.metrics.add("zcoll_compression_nonfinite_total", stats.nonfinite, bucket=key, method=method)
+                    self.metrics.add(
+                        "zcoll_compression_nonfinite_total", stats.nonfinite, bucket=key, method=method
+                    )
                     self._log("bucket", step=step, bucket=key, method=method, nonfinite=stats.nonfinite)
         seconds = time.perf_counter() - t0
         y = _array(out)
@@ -285,7 +296,11 @@ class AutoCompression:
         return np.zeros(len(idx), np.float32) if e is None else e.reshape(-1)[idx]
 
     def _check_step(self, step: int) -> bool:
-        return self.decided_step is not None and not self.in_trials(step) and (step - self.decided_step) % self.check_every == self.check_every - 1
+        return (
+            self.decided_step is not None
+            and not self.in_trials(step)
+            and (step - self.decided_step) % self.check_every == self.check_every - 1
+        )
 
     def _sample_indices(self, key: str, step: int, n: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, zlib.crc32(key.encode()), step])
@@ -322,8 +337,16 @@ class AutoCompression:
             m.set("zcoll_compression_ratio", ratio, bucket=key, method=method)
             m.set("zcoll_compression_residual_ratio", r, bucket=key, method=method)
             m.set("zcoll_compression_comm_seconds", seconds, bucket=key, method=method)
-            m.write("bucket", step=step, bucket=key, method=method, ratio=ratio, residual_ratio=r,
-                    nonfinite=stats.nonfinite if stats is not None else 0, seconds=seconds)
+            m.write(
+                "bucket",
+                step=step,
+                bucket=key,
+                method=method,
+                ratio=ratio,
+                residual_ratio=r,
+                nonfinite=stats.nonfinite if stats is not None else 0,
+                seconds=seconds,
+            )
 
     def _log(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})
@@ -334,7 +357,11 @@ class AutoCompression:
     def _end_step(self, comm: Any, step: int) -> None:
         keys, self._step_keys, self._step_ready0 = self._step_keys, [], None
         now = time.perf_counter()
-        if self.in_trials(step) and (step - self.trial_start) % self.trial_repeats and self._last_end is not None:
+        if (
+            self.in_trials(step)
+            and (step - self.trial_start) % self.trial_repeats
+            and self._last_end is not None
+        ):
             self._step_s.setdefault(self.method(keys[-1], step, 0), []).append(now - self._last_end)
         self._last_end = now
         if step == self.trial_start + self.trial_steps - 1:
@@ -363,30 +390,57 @@ class AutoCompression:
         step also pays what the codecs take from the computation (they share the cores)."""
         cols = list(self.methods)
         missing = 1e30
-        rows = [[float(np.median(self._times.get((k, m), [missing]))) for m in cols]
-                + [float(np.median(self._ready.get(k, [0.0])))] for k in keys]
-        table = comm.allreduce(np.array(rows, np.float64).reshape(-1), op="min").reshape(len(keys), len(cols) + 1)
-        steps = comm.allreduce(np.array([float(np.median(self._step_s.get(m, [missing]))) for m in cols]), op="max")
+        rows = [
+            [float(np.median(self._times.get((k, m), [missing]))) for m in cols]
+            + [float(np.median(self._ready.get(k, [0.0])))]
+            for k in keys
+        ]
+        table = comm.allreduce(np.array(rows, np.float64).reshape(-1), op="min").reshape(
+            len(keys), len(cols) + 1
+        )
+        steps = comm.allreduce(
+            np.array([float(np.median(self._step_s.get(m, [missing]))) for m in cols]), op="max"
+        )
         step_s = {m: float(t) for m, t in zip(cols, steps) if t < missing}
-        trials = {m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
-                  for j, m in enumerate(cols)}
+        trials = {
+            m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
+            for j, m in enumerate(cols)
+        }
         physics = cm.fit(self._calibration or [], self._codecs, comm.size)
         self.model = cm.fit(self._calibration or [], self._codecs, comm.size, trials)
         allowed = cols
         if "none" in step_s:
-            allowed = [m for m in cols if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)]
-        decisions = cm.decide(self.model, [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
-                              allowed, self.margin, self.min_gain)
+            allowed = [
+                m
+                for m in cols
+                if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)
+            ]
+        decisions = cm.decide(
+            self.model,
+            [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
+            allowed,
+            self.margin,
+            self.min_gain,
+        )
         self.decisions = {d.key: d for d in decisions}
         for i, d in enumerate(decisions):
             self._switch_path(d.key, [d.method])
             measured = {m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < missing}
-            self._log("decision", step=step, bucket=d.key, bytes=d.nbytes, method=d.method, reason=d.reason,
-                      predicted_s=d.predicted_s, predicted_gain_s=d.predicted_gain_s,
-                      predicted={m: self.model.predict(m, d.nbytes, d.key) for m in cols},
-                      measured_trial=measured, trial_step_s=step_s,
-                      vetoed=[m for m in cols if m not in allowed],
-                      physics_predicted={m: physics.predict(m, d.nbytes) for m in cols})
+            self._log(
+                "decision",
+                step=step,
+                bucket=d.key,
+                bytes=d.nbytes,
+                method=d.method,
+                reason=d.reason,
+                predicted_s=d.predicted_s,
+                predicted_gain_s=d.predicted_gain_s,
+                predicted={m: self.model.predict(m, d.nbytes, d.key) for m in cols},
+                measured_trial=measured,
+                trial_step_s=step_s,
+                vetoed=[m for m in cols if m not in allowed],
+                physics_predicted={m: physics.predict(m, d.nbytes) for m in cols},
+            )
         self.decided_step = step + 1
         self._times.clear()
         self._ready.clear()
@@ -401,12 +455,20 @@ class AutoCompression:
         """One allreduce (sum) of every checked sample and the drift sums; the verdicts."""
         checks, self._check = self._check, []
         parts = [both for _, _, both, _ in checks]
-        total = comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
-        drift = comm.allreduce(np.array(self._measured, np.float64), op="min")  # as the trials: least over ranks
+        total = (
+            comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
+        )
+        drift = comm.allreduce(
+            np.array(self._measured, np.float64), op="min"
+        )  # as the trials: least over ranks
         off = 0
         for key, method, both, got in checks:
             n = got.size
-            meant, grad, residual = total[off : off + n], total[off + n : off + 2 * n], float(total[off + 2 * n])
+            meant, grad, residual = (
+                total[off : off + n],
+                total[off + n : off + 2 * n],
+                float(total[off + 2 * n]),
+            )
             off += 2 * n + 1
             self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
         measured, predicted, uncompressed = (float(v) for v in drift)
@@ -414,12 +476,22 @@ class AutoCompression:
         if predicted > 0:
             rel = (measured - predicted) / predicted
             # the gain against the model's uncompressed time (none is not run once decided)
-            self._log("measured", step=step, measured_s=measured, predicted_s=predicted, relative=rel,
-                      predicted_gain_s=uncompressed - predicted, measured_gain_s=uncompressed - measured)
+            self._log(
+                "measured",
+                step=step,
+                measured_s=measured,
+                predicted_s=predicted,
+                relative=rel,
+                predicted_gain_s=uncompressed - predicted,
+                measured_gain_s=uncompressed - measured,
+            )
             self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
             if self._drifted >= 2:
-                self._redecide(step, f"measured communication {measured * 1e3:.1f} ms vs predicted "
-                               f"{predicted * 1e3:.1f} ms at two checks in a row")
+                self._redecide(
+                    step,
+                    f"measured communication {measured * 1e3:.1f} ms vs predicted "
+                    f"{predicted * 1e3:.1f} ms at two checks in a row",
+                )
 
     def _guard(self, key: str, method: str, err: float, step_err: float, residual: float, step: int) -> None:
         """err: what the result lost beyond what error feedback carries over (relative to the
@@ -431,8 +503,16 @@ class AutoCompression:
         if self.metrics is not None:
             self.metrics.set("zcoll_compression_check_error", min(err, 1e300), bucket=key, method=method)
             self.metrics.set("zcoll_compression_step_error", min(step_err, 1e300), bucket=key, method=method)
-        self._log("check", step=step, bucket=key, method=method, error=err, bound=bound, step_error=step_err,
-                  residual_ratio=residual)
+        self._log(
+            "check",
+            step=step,
+            bucket=key,
+            method=method,
+            error=err,
+            bound=bound,
+            step_error=step_err,
+            residual_ratio=residual,
+        )
         path = self.path.get(key)
         if path is None or path[-1] != method:
             return
@@ -443,7 +523,11 @@ class AutoCompression:
             if self.metrics is not None:
                 self.metrics.add("zcoll_compression_escalations_total", 1, bucket=key)
             self._log("escalate", step=step, bucket=key, method=up, previous=method, error=err, bound=bound)
-        elif len(path) > 1 and err < bound / 4 and (self.residual_bound is None or residual < self.residual_bound / 2):
+        elif (
+            len(path) > 1
+            and err < bound / 4
+            and (self.residual_bound is None or residual < self.residual_bound / 2)
+        ):
             self._calm[key] += 1
             if self._calm[key] >= self.calm_checks:
                 path.pop()

@@ -43,7 +43,10 @@ from .step_model import Link, fit_link
 
 # name -> (how a report spells it, constructor(zcoll module) with error feedback on)
 METHODS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
-    "bf16": ("zcoll.HalfPrecision('bf16', error_feedback=True)", lambda z: z.HalfPrecision("bf16", error_feedback=True)),
+    "bf16": (
+        "zcoll.HalfPrecision('bf16', error_feedback=True)",
+        lambda z: z.HalfPrecision("bf16", error_feedback=True),
+    ),
     "fp16": ("zcoll.HalfPrecision('fp16')", lambda z: z.HalfPrecision("fp16")),
     "int8": ("zcoll.GradientQuantizer(bits=8)", lambda z: z.GradientQuantizer(bits=8)),
     "int4": ("zcoll.GradientQuantizer(bits=4)", lambda z: z.GradientQuantizer(bits=4)),
@@ -55,7 +58,15 @@ METHODS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
 LOSSINESS = ("none", "bf16", "int8", "int4", "top10%", "sign", "top1%")
 CANDIDATES = LOSSINESS
 # Guarded compression's escalation ladder (the issue's: sign/top-k -> int4 -> int8 -> bf16 -> none).
-ESCALATION = {"top1%": "int4", "top10%": "int4", "sign": "int4", "int4": "int8", "int8": "bf16", "fp16": "none", "bf16": "none"}
+ESCALATION = {
+    "top1%": "int4",
+    "top10%": "int4",
+    "sign": "int4",
+    "int4": "int8",
+    "int8": "bf16",
+    "fp16": "none",
+    "bf16": "none",
+}
 
 
 def with_escalations(methods: Sequence[str]) -> Tuple[str, ...]:
@@ -99,8 +110,10 @@ class CostModel:
             "gbps": 8e-9 / self.link.beta if self.link.beta > 0 else math.inf,
             "ranks": self.link.ranks,
             "alpha_per_method_s": dict(self.alpha),
-            "codecs": {m: {k: c[k] for k in ("encode_s_per_byte", "decode_s_per_byte", "payload_ratio", "exchange")}
-                       for m, c in self.link.codecs.items()},
+            "codecs": {
+                m: {k: c[k] for k in ("encode_s_per_byte", "decode_s_per_byte", "payload_ratio", "exchange")}
+                for m, c in self.link.codecs.items()
+            },
         }
 
 
@@ -129,8 +142,12 @@ def fit(
     methods, keys = sorted({m for m, _ in extra}), sorted({k for _, k in extra})
     offset = dict.fromkeys(keys, 0.0)
     for _ in range(3):
-        alpha = {m: float(np.median([v - offset[k] for (mm, k), v in extra.items() if mm == m])) for m in methods}
-        offset = {k: float(np.median([v - alpha[m] for (m, kk), v in extra.items() if kk == k])) for k in keys}
+        alpha = {
+            m: float(np.median([v - offset[k] for (mm, k), v in extra.items() if mm == m])) for m in methods
+        }
+        offset = {
+            k: float(np.median([v - alpha[m] for (m, kk), v in extra.items() if kk == k])) for k in keys
+        }
     model.alpha = {m: max(0.0, a) for m, a in alpha.items()}
     model.offset = offset
     return model
@@ -199,7 +216,8 @@ def decide(
             more = exposed(trial, ready) - base
             if more <= tolerance_s:
                 d.reason = f"{m} instead of {d.method}: " + (
-                    "the step's overlap hides the difference" if more <= 0
+                    "the step's overlap hides the difference"
+                    if more <= 0
                     else f"the step pays only {1e6 * more:.0f} us more (tolerance {1e6 * tolerance_s:.0f} us)"
                 )
                 d.method, d.predicted_s = m, d.predicted[m]
@@ -218,7 +236,9 @@ def render(decisions: Sequence[Decision]) -> str:
     return "\n".join(lines)
 
 
-def codec_rates(methods: Sequence[str], elements: int = 1 << 20, repeats: int = 3) -> Dict[str, Dict[str, Any]]:
+def codec_rates(
+    methods: Sequence[str], elements: int = 1 << 20, repeats: int = 3
+) -> Dict[str, Dict[str, Any]]:
     """Local: seconds per dense byte to encode and decode each method on a sample of float32
     gradients (the best of `repeats`), its payload bytes per dense byte, and how its allreduce
     exchanges (ring of payloads, or allgather of top-k pairs); the format of Link.codecs."""

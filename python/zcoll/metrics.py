@@ -165,7 +165,9 @@ def report(path: Any) -> str:
         out.append(f"exact checks, {m}: {len(cs)}, worst relative error {worst:.3g} (bound {cs[0][1]:.3g})")
     for r in rows:
         if r["event"] in ("escalate", "relax", "redecide"):
-            what = r.get("reason") or f"{r.get('previous')} -> {r.get('method')} (error {r.get('error', 0):.3g})"
+            what = (
+                r.get("reason") or f"{r.get('previous')} -> {r.get('method')} (error {r.get('error', 0):.3g})"
+            )
             out.append(f"  step {r['step']:>4} {r['event']:<9} {r.get('bucket', '')} {what}")
     per: Dict[Tuple[str, str], list] = {}
     for r in rows:
@@ -174,6 +176,8 @@ def report(path: Any) -> str:
     if per:
         out.append("per bucket and method: steps, mean compression ratio, mean residual/gradient norm")
         for (b, m), v in sorted(per.items()):
-            out.append(f"  {b:<28} {m:>7} {len(v):>5} {sum(x for x, _ in v) / len(v):8.1f}x "
-                       f"{sum(y for _, y in v) / len(v):8.3f}")
+            out.append(
+                f"  {b:<28} {m:>7} {len(v):>5} {sum(x for x, _ in v) / len(v):8.1f}x "
+                f"{sum(y for _, y in v) / len(v):8.3f}"
+            )
     return "\n".join(out) + "\n"
