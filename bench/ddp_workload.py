@@ -158,7 +158,6 @@ class Config:
     gloo_hook: Optional[str] = None
     auto: bool = False  # a zcoll.AutoCompression: decides during its first AUTO_DECIDED steps
 
-
     @property
     def ddp(self) -> bool:
         return self.group is not None
@@ -188,7 +187,9 @@ CONFIGS: Dict[str, Config] = {
         # the guard alone (one method, escalated when its sampled error grows): its overhead
         # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
         Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _auto("sign", methods=["sign"])),
-        Config("zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _auto("top1", methods=["top1%"])),
+        Config(
+            "zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _auto("top1", methods=["top1%"])
+        ),
     ]
 }
 AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
@@ -199,8 +200,12 @@ def _auto(name: str, **options: Any) -> Any:
     """A zcoll.AutoCompression writing its log to AUTO_METRICS_DIR (rank 0's pid in the name)."""
     import os
 
-    path = os.path.join(AUTO_METRICS_DIR, f"zcoll-guard-{name}-{os.getpid()}.jsonl") if AUTO_METRICS_DIR else None
+    path = None
+    if AUTO_METRICS_DIR:
+        path = os.path.join(AUTO_METRICS_DIR, f"zcoll-guard-{name}-{os.getpid()}.jsonl")
     return _zcoll().AutoCompression(metrics_path=path, **options)
+
+
 POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baseline's)
 POWERSGD_START = 2  # start_powerSGD_iter: DDP's minimum with error feedback (buckets rebuild at step 1)
 

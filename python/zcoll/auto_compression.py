@@ -142,6 +142,7 @@ class AutoCompression:
         self.bound = float(bound)
         self.residual_bound = None if residual_bound is None else float(residual_bound)
         self._residual_ratio: Dict[str, float] = {}
+        self._fixed: Dict[str, np.ndarray] = {}  # key -> its residual-ratio sample indices
         self.calm_checks, self.drift, self.diagnose_every = (
             int(calm_checks),
             float(drift),
@@ -327,7 +328,9 @@ class AutoCompression:
         """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
         `sample` fixed indices of the bucket (the full norms would cost ~1% of a small step)."""
         e = self.residual(key)
-        idx = self._sample_indices(key, 0xFFFFFFFF, x.size)  # fixed per key (no step uses it)
+        idx = self._fixed.get(key)
+        if idx is None or (idx.size and idx[-1] >= x.size):
+            idx = self._fixed[key] = self._sample_indices(key, 0xFFFFFFFF, x.size)  # no step uses this seed
         g = float(np.linalg.norm(x[idx]))
         r = float(np.linalg.norm(e.reshape(-1)[idx])) / g if e is not None and g > 0 else 0.0
         self._residual_ratio[key] = r
