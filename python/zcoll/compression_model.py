@@ -100,8 +100,10 @@ class CostModel:
         return max(self.link.beta * self.link.wire(method, nbytes), self.link.codec_time(method, nbytes))
 
     def predict(self, method: str, nbytes: float, key: Optional[str] = None) -> float:
-        base = self.alpha.get(method, self.link.alpha) + self.transfer(method, nbytes)
-        return max(0.0, base + self.offset.get(key, 0.0)) if key is not None else base
+        """Seconds of one bucket's allreduce; never less than its transfer term (a fitted
+        per-call cost or offset can be negative where the calibration overestimated)."""
+        t = self.transfer(method, nbytes)
+        return max(t, t + self.alpha.get(method, self.link.alpha) + self.offset.get(key, 0.0))
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -110,6 +112,7 @@ class CostModel:
             "gbps": 8e-9 / self.link.beta if self.link.beta > 0 else math.inf,
             "ranks": self.link.ranks,
             "alpha_per_method_s": dict(self.alpha),
+            "offset_per_bucket_s": dict(self.offset),
             "codecs": {
                 m: {k: c[k] for k in ("encode_s_per_byte", "decode_s_per_byte", "payload_ratio", "exchange")}
                 for m, c in self.link.codecs.items()
@@ -148,8 +151,7 @@ def fit(
         offset = {
             k: float(np.median([v - alpha[m] for (m, kk), v in extra.items() if kk == k])) for k in keys
         }
-    model.alpha = {m: max(0.0, a) for m, a in alpha.items()}
-    model.offset = offset
+    model.alpha, model.offset = alpha, offset
     return model
 
 
