@@ -137,6 +137,7 @@ class AutoCompression:
         if not 0.0 <= _test_corrupt_fraction <= 1.0:
             raise ValueError(f"_test_corrupt_fraction must be in [0, 1], got {_test_corrupt_fraction}")
         self.methods = tuple(dict.fromkeys(methods))  # the trials' order
+        self.allowed = list(self.methods)  # what the last decision chose among (trial steps veto)
         self.trial_repeats, self.margin, self.min_gain = int(trial_repeats), margin, min_gain
         self.guard, self.check_every, self.sample = bool(guard), int(check_every), int(sample)
         self.bound = float(bound)
@@ -195,9 +196,8 @@ class AutoCompression:
         if key in self.path:
             return self.path[key][-1]
         if self.decided_step is not None and self.model is not None:
-            return cm.decide(self.model, [(key, nbytes, 0.0)], self.methods, self.margin, self.min_gain)[
-                0
-            ].method
+            new = cm.decide(self.model, [(key, nbytes, 0.0)], self.allowed, self.margin, self.min_gain)
+            return new[0].method
         return "none"
 
     def compressor(self, method: str) -> Any:
@@ -412,12 +412,13 @@ class AutoCompression:
         physics = cm.fit(self._calibration or [], self._codecs, comm.size)
         self.model = cm.fit(self._calibration or [], self._codecs, comm.size, trials)
         allowed = cols
-        if "none" in step_s:
+        if "none" in step_s:  # cols in order, so that decide() sees the same candidates everywhere
             allowed = [
                 m
                 for m in cols
                 if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)
             ]
+        self.allowed = list(allowed)
         decisions = cm.decide(
             self.model,
             [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
@@ -558,6 +559,9 @@ class AutoCompression:
         }
 
     def state_dict(self) -> Dict[str, Any]:
+        """This rank's state for checkpoints: every method's residuals and call counts, which
+        method holds each bucket's residual, the decisions as escalated, the trial schedule. The
+        model is fitted again (calibration) when a resumed run starts; its decisions are kept."""
         return {
             "compressors": {m: c.state_dict() for m, c in self._compressors.items()},
             "method_of": dict(self.method_of),
@@ -565,6 +569,7 @@ class AutoCompression:
             "path": {k: list(p) for k, p in self.path.items()},
             "trial_start": self.trial_start,
             "decided_step": self.decided_step,
+            "allowed": list(self.allowed),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -575,6 +580,7 @@ class AutoCompression:
         self.path = {k: list(p) for k, p in state["path"].items()}
         self._calm = {k: 0 for k in self.path}
         self.trial_start, self.decided_step = state["trial_start"], state["decided_step"]
+        self.allowed = list(state["allowed"])
 
     def close(self) -> None:
         if self.metrics is not None:
