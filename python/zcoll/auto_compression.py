@@ -170,7 +170,9 @@ class AutoCompression:
         self._nbytes: Dict[str, int] = {}
         self._step_keys: List[str] = []  # this step's buckets, in order
         self._step_ready0: Optional[float] = None
-        self._measured = [0.0, 0.0, 0.0]  # since the last check: measured, predicted, predicted uncompressed
+        # since the last check: measured, predicted, predicted uncompressed, uncompressed in the trials
+        self._measured = [0.0, 0.0, 0.0, 0.0]
+        self._trial_none: Dict[str, float] = {}  # key -> its uncompressed time in the trials
         self._drifted = 0
         self._verdict: Optional[str] = None
         self._check: List[Tuple[str, str, np.ndarray, np.ndarray]] = []  # key, method, meant, got
@@ -323,6 +325,7 @@ class AutoCompression:
             self._measured[0] += seconds
             self._measured[1] += self.model.predict(method, self._nbytes[key], key)
             self._measured[2] += self.model.predict("none", self._nbytes[key], key)
+            self._measured[3] += self._trial_none.get(key, 0.0)
 
     def _metrics(self, key: str, method: str, step: int, x: np.ndarray, stats: Any, seconds: float) -> None:
         """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
@@ -419,6 +422,9 @@ class AutoCompression:
                 if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)
             ]
         self.allowed = list(allowed)
+        if "none" in cols:
+            j = cols.index("none")
+            self._trial_none = {k: float(table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing}
         decisions = cm.decide(
             self.model,
             [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
@@ -449,7 +455,7 @@ class AutoCompression:
         self._times.clear()
         self._ready.clear()
         self._step_s.clear()
-        self._measured = [0.0, 0.0, 0.0]
+        self._measured = [0.0, 0.0, 0.0, 0.0]
 
     def _switch_path(self, key: str, path: List[str]) -> None:
         self.path[key] = path
@@ -475,11 +481,12 @@ class AutoCompression:
             )
             off += 2 * n + 1
             self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
-        measured, predicted, uncompressed = (float(v) for v in drift)
-        self._measured = [0.0, 0.0, 0.0]
+        measured, predicted, uncompressed, trial_none = (float(v) for v in drift)
+        self._measured = [0.0, 0.0, 0.0, 0.0]
         if predicted > 0:
             rel = (measured - predicted) / predicted
-            # the gain against the model's uncompressed time (none is not run once decided)
+            # gains against the model's uncompressed time, and the trials' (none does not run once
+            # decided; the trials' is 0 without none among the methods)
             self._log(
                 "measured",
                 step=step,
@@ -488,6 +495,7 @@ class AutoCompression:
                 relative=rel,
                 predicted_gain_s=uncompressed - predicted,
                 measured_gain_s=uncompressed - measured,
+                measured_gain_vs_trials_s=trial_none - measured if trial_none > 0 else None,
             )
             self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
             if self._drifted >= 2:

@@ -156,6 +156,11 @@ def report(path: Any) -> str:
             f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
             f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
         )
+        trial = [
+            r["measured_gain_vs_trials_s"] for r in measured if r.get("measured_gain_vs_trials_s") is not None
+        ]
+        if trial:
+            out.append(f"measured gain over the trials' uncompressed buckets: {1e3 * sum(trial):.1f} ms")
     checks: Dict[str, list] = {}
     for r in rows:
         if r["event"] == "check":
