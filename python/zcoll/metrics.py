@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -90,7 +89,9 @@ def _escape(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _serve(log: MetricsLog, port: int) -> ThreadingHTTPServer:
+def _serve(log: MetricsLog, port: int) -> Any:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # only when serving
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] not in ("/metrics", "/"):
