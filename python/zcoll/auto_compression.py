@@ -262,8 +262,11 @@ class AutoCompression:
         self._switch(key, method, x)
         checking = self.guard and method != "none" and self._check_step(step)
         idx = self._sample_indices(key, step, x.size) if checking else None
-        grad = x[idx] if checking else None  # this rank's gradient there (a copy)
+        grad = x[idx] if checking else None  # this rank's gradient there (a copy: the call is in place)
         meant = grad + self._residual_at(key, idx) if checking else None
+        watched = self.guard and method != "none"
+        fixed = self._fixed_indices(key, x.size) if watched else None
+        sampled = x[fixed] if watched else None  # for the residual-to-gradient ratio
         t0 = time.perf_counter()
         if method == "none":
             out = comm.allreduce(buf, op="avg", out=buf)
@@ -271,7 +274,7 @@ class AutoCompression:
         else:
             c = self.compressor(method)
             try:
-                out = comm.allreduce(buf, op="avg", compression=c, key=key)
+                out = comm.allreduce(buf, op="avg", compression=c, key=key, out=buf)  # in place
             finally:
                 stats = c.last_stats
                 if stats is not None and stats.nonfinite and self.metrics is not None:
@@ -284,8 +287,8 @@ class AutoCompression:
         if self._test_corrupt_fraction and method != "none":
             self._corrupt(y, key, step)
         self._record(key, method, step, seconds, ready)
-        if self.guard and method != "none":
-            self._metrics(key, method, step, x, stats, seconds)
+        if watched:
+            self._metrics(key, method, step, fixed, sampled, stats, seconds)
         if checking:
             meant -= self._residual_at(key, idx)
             both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
@@ -327,14 +330,21 @@ class AutoCompression:
             self._measured[2] += self.model.predict("none", self._nbytes[key], key)
             self._measured[3] += self._trial_none.get(key, 0.0)
 
-    def _metrics(self, key: str, method: str, step: int, x: np.ndarray, stats: Any, seconds: float) -> None:
-        """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
-        `sample` fixed indices of the bucket (the full norms would cost ~1% of a small step)."""
-        e = self.residual(key)
+    def _fixed_indices(self, key: str, n: int) -> np.ndarray:
+        """The `sample` indices of a bucket of n elements its residual ratio is estimated on."""
         idx = self._fixed.get(key)
-        if idx is None or (idx.size and idx[-1] >= x.size):
-            idx = self._fixed[key] = self._sample_indices(key, 0xFFFFFFFF, x.size)  # no step uses this seed
-        g = float(np.linalg.norm(x[idx]))
+        if idx is None or (idx.size and idx[-1] >= n):
+            idx = self._fixed[key] = self._sample_indices(key, 0xFFFFFFFF, n)  # no step uses this seed
+        return idx
+
+    def _metrics(
+        self, key: str, method: str, step: int, idx: np.ndarray, grad: np.ndarray, stats: Any, seconds: float
+    ) -> None:
+        """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
+        `sample` fixed indices (grad: the gradient there; full norms would cost ~1% of a small
+        step)."""
+        e = self.residual(key)
+        g = float(np.linalg.norm(grad))
         r = float(np.linalg.norm(e.reshape(-1)[idx])) / g if e is not None and g > 0 else 0.0
         self._residual_ratio[key] = r
         ratio = stats.ratio if stats is not None else 1.0

@@ -199,10 +199,10 @@ class CompressionState:
             return comm.allreduce(buf, op="avg", out=buf)
         masked = True  # mask_sent masks only where the correction was built to (sparsifiers)
         if isinstance(compressor, AutoCompression):
-            out = compressor.allreduce(comm, buf, key, *when)
+            out = compressor.allreduce(comm, buf, key, *when)  # in place too
             masked = compressor.method_of.get(key, "none").startswith("top")
         else:
-            out = comm.allreduce(buf, op="avg", compression=compressor, key=key)
+            out = comm.allreduce(buf, op="avg", compression=compressor, key=key, out=buf)  # in place
         if u is not None and masked:
             mc.mask_sent(u, compressor.residual(key))
         return out
