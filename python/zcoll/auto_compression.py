@@ -91,7 +91,8 @@ class AutoCompression:
     error feedback that escalates (DEFAULT_BOUND); residual_bound: a residual-to-gradient norm
     ratio (the ranks' mean at a check) that escalates too (None: off; not calibrated yet);
     calm_checks: quiet checks before stepping back down; drift: relative drift of measured from
-    predicted communication time that re-decides; diagnose_every: steps between link
+    predicted communication time that re-decides (at two checks in a row; 0.5: the noise of a
+    shared machine stays below it); diagnose_every: steps between link
     diagnoses (0: never; a changed verdict re-decides); metrics_path: JSON-lines log (rank 0
     writes it); metrics_port: Prometheus (None: ZCOLL_METRICS_PORT; each rank on port + rank).
 
@@ -119,7 +120,7 @@ class AutoCompression:
         bound: float = DEFAULT_BOUND,
         residual_bound: Optional[float] = None,
         calm_checks: int = 3,
-        drift: float = 0.25,
+        drift: float = 0.5,
         diagnose_every: int = 0,
         metrics_path: Optional[str] = None,
         metrics_port: Optional[int] = None,
