@@ -217,6 +217,7 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         relative=0.1,
         predicted_gain_s=0.02,
         measured_gain_s=0.019,
+        per_bucket={"ddp/bucket0/10": [0.012, 0.010]},
     )
     log.write(
         "check",
@@ -240,5 +241,6 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         "exact checks, int8: 1, worst relative error 0.5",
         "escalate  ddp/bucket0/10 int8 -> bf16",
         "3.9x",
+        "ddp/bucket0/10               predicted vs measured: median |error| 20.0%",
     ):
         assert want in out, f"{want!r} not in:\n{out}"

@@ -174,6 +174,7 @@ class AutoCompression:
         # since the last check: measured, predicted, predicted uncompressed, uncompressed in the trials
         self._measured = [0.0, 0.0, 0.0, 0.0]
         self._trial_none: Dict[str, float] = {}  # key -> its uncompressed time in the trials
+        self._per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] since the last check
         self._drifted = 0
         self._verdict: Optional[str] = None
         self._check: List[Tuple[str, str, np.ndarray, np.ndarray]] = []  # key, method, meant, got
@@ -330,6 +331,9 @@ class AutoCompression:
             self._measured[1] += self.model.predict(method, self._nbytes[key], key)
             self._measured[2] += self.model.predict("none", self._nbytes[key], key)
             self._measured[3] += self._trial_none.get(key, 0.0)
+            per = self._per_bucket.setdefault(key, [0.0, 0.0])
+            per[0] += seconds
+            per[1] += self.model.predict(method, self._nbytes[key], key)
 
     def _fixed_indices(self, key: str, n: int) -> np.ndarray:
         """The `sample` indices of a bucket of n elements its residual ratio is estimated on."""
@@ -479,9 +483,11 @@ class AutoCompression:
         total = (
             comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
         )
-        drift = comm.allreduce(
-            np.array(self._measured, np.float64), op="min"
-        )  # as the trials: least over ranks
+        keys = sorted(self._per_bucket)  # the same buckets on every rank
+        sums = self._measured + [v for k in keys for v in self._per_bucket[k]]
+        drift = comm.allreduce(np.array(sums, np.float64), op="min")  # as the trials: least over ranks
+        per_bucket = {k: [float(drift[4 + 2 * i]), float(drift[5 + 2 * i])] for i, k in enumerate(keys)}
+        self._per_bucket = {}
         off = 0
         for key, method, both, got in checks:
             n = got.size
@@ -492,7 +498,7 @@ class AutoCompression:
             )
             off += 2 * n + 1
             self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
-        measured, predicted, uncompressed, trial_none = (float(v) for v in drift)
+        measured, predicted, uncompressed, trial_none = (float(v) for v in drift[:4])
         self._measured = [0.0, 0.0, 0.0, 0.0]
         if predicted > 0:
             rel = (measured - predicted) / predicted
@@ -507,6 +513,7 @@ class AutoCompression:
                 predicted_gain_s=uncompressed - predicted,
                 measured_gain_s=uncompressed - measured,
                 measured_gain_vs_trials_s=trial_none - measured if trial_none > 0 else None,
+                per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
             )
             self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
             if self._drifted >= 2:

@@ -157,6 +157,14 @@ def report(path: Any) -> str:
             f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
             f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
         )
+        per: Dict[str, list] = {}
+        for r in measured:
+            for key, (got, want) in r.get("per_bucket", {}).items():
+                if want > 0:
+                    per.setdefault(key, []).append(abs(got - want) / want)
+        for key, errs in sorted(per.items()):
+            errs.sort()
+            out.append(f"  {key:<28} predicted vs measured: median |error| {100 * errs[len(errs) // 2]:.1f}%")
         trial = [
             r["measured_gain_vs_trials_s"] for r in measured if r.get("measured_gain_vs_trials_s") is not None
         ]

@@ -225,6 +225,8 @@ def case_metrics_log(ck: Checks):
             ck.check(0.0 <= r["error"] < r["bound"], "check fields", f"{r}")
         if r["event"] == "measured":
             ck.check(r["measured_s"] > 0 and r["predicted_s"] > 0, "measured vs predicted", f"{r}")
+            per = r["per_bucket"]
+            ck.check(len(per) >= 2 and all(m > 0 and p > 0 for m, p in per.values()), "per bucket", f"{r}")
 
 
 def case_recommend_does_not_apply(ck: Checks):
