@@ -53,6 +53,8 @@ constexpr Spec kSpecs[] = {
      "directory for flight-recorder dumps (empty: a zcoll-dumps directory in the temp dir)"},
     {Var::kTelemetry, "ZCOLL_TELEMETRY", Kind::kBool, "1", "", 0, 0,
      "time every message and collective for comm.link_stats() and comm.diagnose() (0: off)"},
+    {Var::kMetricsPort, "ZCOLL_METRICS_PORT", Kind::kInt, "0", "", 0, 65535,
+     "serve guarded compression's metrics (Prometheus text) on this port + rank (0: off)"},
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == static_cast<int>(Var::kCount), "one Spec per Var");
 
