@@ -82,7 +82,8 @@ def options(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--configs",
         default="all",
-        help="comma-separated configurations, or all: " + ",".join(wl.CONFIGS).replace("%", "%%"),
+        help="comma-separated configurations, or all (every one but the compression='auto' ones): "
+        + ",".join(wl.CONFIGS).replace("%", "%%"),
     )
     p.add_argument(
         "--buckets",
@@ -151,7 +152,8 @@ def options(argv=None) -> argparse.Namespace:
             setattr(a, key, (QUICK if a.quick else FULL)[key])
     a.models = _subset(p, "model", a.models, wl.MODELS)
     a.networks = _subset(p, "network", a.networks, NETWORKS)
-    a.configs = list(wl.CONFIGS) if a.configs == "all" else _subset(p, "configuration", a.configs, wl.CONFIGS)
+    every = [c for c in wl.CONFIGS if not wl.CONFIGS[c].auto]  # "all": issue 8's; auto ones by name
+    a.configs = every if a.configs == "all" else _subset(p, "configuration", a.configs, wl.CONFIGS)
     try:
         a.ranks = [int(r) for r in a.ranks.split(",")]
     except ValueError:
@@ -213,6 +215,7 @@ def job_argv(
         "hang-after": args.hang_after,
         "result": result,
         "progress": progress,
+        "metrics-dir": args.out / AUTO_LOGS / f"{spec.model}-{spec.ranks}-{spec.network}",
     }
     job = [sys.executable, "-m", "mpi4py", JOB, *[x for k, v in flags.items() for x in (f"--{k}", v)]]
     return [BIN / "mpirun", "-n", spec.ranks, *job]
@@ -525,10 +528,14 @@ class Target:
     value: Optional[float]
     want: float
     detail: str
+    unit: str = "x"
+    at_most: bool = False  # PASS when value <= want (else >=)
 
     @property
     def status(self) -> str:
-        return "n/a " if self.value is None else ("PASS" if self.value >= self.want else "MISS")
+        if self.value is None:
+            return "n/a "
+        return "PASS" if (self.value <= self.want if self.at_most else self.value >= self.want) else "MISS"
 
 
 def best(t: Table, config: str) -> Optional[Row]:
@@ -580,11 +587,129 @@ def targets(tables: List[Table]) -> List[Target]:
     return out
 
 
-def print_targets(found: List[Target]) -> None:
-    print("\nTargets (issue 8; value = speed-up, or serial sum / step; n/a = not measured in this run):")
+FIXED = ["zcoll", "zcoll-fp16", "zcoll-int8", "zcoll-int4", "zcoll-sign", "zcoll-top1%"]
+AUTO_LOGS = "auto-logs"  # under --out: <model>-<ranks>-<network>/zcoll-guard-*.jsonl
+
+
+def auto_targets(tables: List[Table], out: Optional[Path]) -> List[Target]:
+    """Issue 11's targets: zcoll-auto against the fixed methods (within 5% of the best; on shared
+    memory at most 3% slower than uncompressed), decided within 50 steps and its predicted
+    communication within 15% of measured (from its log); the guard's overhead (<= 1% of the step)
+    and the guarded methods' accuracy (within 0.3 point of uncompressed) and byte savings kept
+    (>= 50% of the unguarded method's)."""
+    found = []
+    for t in tables:
+        where = f"{WHERE[t.network]}, {t.ranks} ranks, {t.model}"
+        auto, plain = best(t, "zcoll-auto"), best(t, "zcoll")
+        fixed = [r for r in (best(t, c) for c in FIXED) if r is not None]
+        if auto is not None and fixed:
+            b = min(fixed, key=lambda r: r.step_ms)
+            found.append(
+                Target(
+                    f"{where}: zcoll-auto within 5% of the best fixed method",
+                    b.step_ms / auto.step_ms,
+                    round(1 / 1.05, 3),
+                    f"auto {auto.step_ms:.1f} ms vs {b.config} {b.step_ms:.1f} ms",
+                )
+            )
+        if auto is not None and plain is not None and t.network == "shm":
+            found.append(
+                Target(
+                    f"{where}: zcoll-auto at most 3% slower than uncompressed",
+                    plain.step_ms / auto.step_ms,
+                    round(1 / 1.03, 3),
+                    f"auto {auto.step_ms:.1f} ms vs zcoll {plain.step_ms:.1f} ms",
+                )
+            )
+        if auto is not None and out is not None:
+            found += _auto_log_targets(out / AUTO_LOGS / f"{t.model}-{t.ranks}-{t.network}", where)
+        for m in ("sign", "top1%"):
+            g, f = best(t, f"zcoll-guarded-{m}"), best(t, f"zcoll-{m}")
+            if g is not None and f is not None:
+                found.append(
+                    Target(
+                        f"{where}: guard overhead on {m}",
+                        f.step_ms / g.step_ms,
+                        0.99,
+                        f"guarded {g.step_ms:.1f} ms vs unguarded {f.step_ms:.1f} ms",
+                    )
+                )
+            acc = {
+                c: next((r for r in t.rows if r.config == c and r.accuracy is not None), None)
+                for c in ("zcoll", f"zcoll-guarded-{m}")
+            }
+            ga, pa = acc[f"zcoll-guarded-{m}"], acc["zcoll"]
+            if ga is not None and pa is not None:
+                found.append(
+                    Target(
+                        f"{where}: guarded {m} accuracy vs uncompressed",
+                        100 * (ga.accuracy - pa.accuracy),
+                        -0.3,
+                        f"{100 * ga.accuracy:.2f}% vs {100 * pa.accuracy:.2f}%",
+                        unit=" points",
+                    )
+                )
+            if (
+                g is not None
+                and f is not None
+                and plain is not None
+                and None not in (g.bytes_per_step, f.bytes_per_step, plain.bytes_per_step)
+                and plain.bytes_per_step > f.bytes_per_step
+            ):
+                kept = (plain.bytes_per_step - g.bytes_per_step) / (plain.bytes_per_step - f.bytes_per_step)
+                found.append(
+                    Target(
+                        f"{where}: guarded {m} keeps its byte savings",
+                        kept,
+                        0.5,
+                        f"{g.bytes_per_step / 1e6:.2f} MB vs {f.bytes_per_step / 1e6:.2f} MB unguarded, "
+                        f"{plain.bytes_per_step / 1e6:.2f} MB uncompressed",
+                    )
+                )
+    return found
+
+
+def _auto_log_targets(directory: Path, where: str) -> List[Target]:
+    """Decided within 50 steps; median |predicted - measured| / predicted communication <= 15%."""
+    rows = [
+        json.loads(line)
+        for p in sorted(directory.glob("zcoll-guard-auto-*.jsonl"))
+        for line in p.read_text().splitlines()
+        if line.strip()
+    ]
+    decided = [r["step"] + 1 for r in rows if r["event"] == "decision"]
+    rel = sorted(abs(r["relative"]) for r in rows if r["event"] == "measured")
+    out = [
+        Target(
+            f"{where}: zcoll-auto decided within 50 steps",
+            max(decided) if decided else None,
+            50,
+            f"step {max(decided) if decided else '-'} (log: {directory})",
+            unit=" steps",
+            at_most=True,
+        )
+    ]
+    out.append(
+        Target(
+            f"{where}: zcoll-auto predicted communication vs measured",
+            100 * rel[len(rel) // 2] if rel else None,
+            15,
+            f"median over {len(rel)} check intervals, worst {100 * rel[-1]:.0f}%" if rel else "no checks",
+            unit="%",
+            at_most=True,
+        )
+    )
+    return out
+
+
+def print_targets(
+    found: List[Target], title: str = "issue 8; value = speed-up, or serial sum / step"
+) -> None:
+    print(f"\nTargets ({title}; n/a = not measured in this run):")
     for t in found:
-        value = "-" if t.value is None else f"{t.value:.2f}x"
-        print(f"  {t.status} {t.what}: {value} (want >= {t.want}x) [{t.detail}]")
+        value = "-" if t.value is None else f"{t.value:.2f}{t.unit}"
+        want = f"{'<=' if t.at_most else '>='} {t.want}{t.unit}"
+        print(f"  {t.status} {t.what}: {value} (want {want}) [{t.detail}]")
 
 
 # -- outputs --------------------------------------------------------------------------------------
@@ -667,6 +792,10 @@ def report(saved: dict, args) -> int:
         print_table(t)
     found = targets(tables)
     print_targets(found)
+    issue11 = auto_targets(tables, getattr(args, "out", None))
+    if issue11:
+        print_targets(issue11, "issue 11, compression='auto' and the guard")
+        found += issue11
     write_csv(tables, args.csv)
     plot(tables, args.png)
     missed = [t for t in found if t.status == "MISS"]

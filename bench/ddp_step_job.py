@@ -89,7 +89,9 @@ def options(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--result", type=Path, required=True, help="JSON written by rank 0")
     p.add_argument("--progress", type=Path, help="directory for the per-rank progress files")
+    p.add_argument("--metrics-dir", help="where the compression='auto' configurations write their logs")
     a = p.parse_args(argv)
+    wl.AUTO_METRICS_DIR = a.metrics_dir
     a.configs = [c for c in a.configs.split(",") if c]
     unknown = [c for c in a.configs if c not in wl.CONFIGS]
     if unknown:
@@ -383,7 +385,8 @@ def comm_only(job: Job, config: wl.Config) -> Callable[[List[torch.Tensor]], Non
 
 def has_comm_only(config: wl.Config) -> bool:
     # PowerSGD's communication is interleaved with its own factorisations: no separate collective.
-    return config.ddp and config.gloo_hook != "powersgd"
+    # AutoCompression decides across steps and refuses single calls.
+    return config.ddp and config.gloo_hook != "powersgd" and not config.auto
 
 
 def round_order(entries: list, r: int, seed: int) -> list:
@@ -399,6 +402,8 @@ def powersgd_first(configs: List[wl.Config]) -> List[wl.Config]:
 
 def warmup_steps(job: Job, config: wl.Config) -> int:
     # PowerSGD's first compressed step (start_powerSGD_iter) belongs to its warm-up, not its timing.
+    if config.auto:  # its trial steps are not the method it decides for
+        return max(job.args.warmup, wl.AUTO_DECIDED + 1)
     return max(job.args.warmup, wl.POWERSGD_START + 1) if config.gloo_hook == "powersgd" else job.args.warmup
 
 

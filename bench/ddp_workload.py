@@ -156,6 +156,7 @@ class Config:
     group: Optional[str]
     compressor: Optional[Callable[[], Any]] = None
     gloo_hook: Optional[str] = None
+    auto: bool = False  # a zcoll.AutoCompression: decides during its first AUTO_DECIDED steps
 
     @property
     def ddp(self) -> bool:
@@ -181,8 +182,30 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-int4", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=4)),
         Config("zcoll-sign", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=1)),
         Config("zcoll-top1%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.01)),
+        # checks every 10 steps: predicted vs measured communication within a short timed run
+        Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=10)),
+        # the guard alone (one method, escalated when its sampled error grows): its overhead
+        # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
+        Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _auto("sign", methods=["sign"])),
+        Config(
+            "zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _auto("top1", methods=["top1%"])
+        ),
     ]
 }
+AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
+AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
+
+
+def _auto(name: str, **options: Any) -> Any:
+    """A zcoll.AutoCompression writing its log to AUTO_METRICS_DIR (rank 0's pid in the name)."""
+    import os
+
+    path = None
+    if AUTO_METRICS_DIR:
+        path = os.path.join(AUTO_METRICS_DIR, f"zcoll-guard-{name}-{os.getpid()}.jsonl")
+    return _zcoll().AutoCompression(metrics_path=path, **options)
+
+
 POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baseline's)
 POWERSGD_START = 2  # start_powerSGD_iter: DDP's minimum with error feedback (buckets rebuild at step 1)
 

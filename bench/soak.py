@@ -508,7 +508,9 @@ def beyond_bound(y: np.ndarray, xs: list[np.ndarray], comp: Any, op: str, dtype:
     rounding to the output dtype; else what is not."""
     exact = np.sum(xs, axis=0) / (len(xs) if op == "avg" else 1) if y.size else np.zeros(0)
     err = np.abs(y - exact)
-    allowed = error_bound(comp, xs, exact, op) + np.abs(exact) * 2.0 ** -MANTISSA[dtype]
+    # the final rounding to the output dtype acts on the computed value, which the compression
+    # error may have moved above |exact|: half an ulp of the larger of the two
+    allowed = error_bound(comp, xs, exact, op) + np.maximum(np.abs(exact), np.abs(y)) * 2.0 ** -MANTISSA[dtype]
     bad = np.flatnonzero(~(err <= allowed))
     if bad.size:
         i = bad[0]

@@ -56,6 +56,8 @@ def assert_survivors_named_victim(job: dict, kind: str, within: float, words: st
     out = job["out"]
     assert job["rc"] != 0, out
     assert job["victim_t"] is not None, out
+    delays = {r: round(job["raised"][r][1] - job["victim_t"], 2) for r in job["raised"] if r != VICTIM}
+    print(f"\n{kind}: seconds from the fault to each survivor's exception: {delays}")  # the closing note's figures
     for rank in range(RANKS):
         if rank == VICTIM:
             continue

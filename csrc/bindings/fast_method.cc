@@ -2,6 +2,7 @@
 
 #include <pybind11/stl.h>
 
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -43,6 +44,22 @@ void set_failure(PyObject* type, const TimeoutError& e) {
     inner.restore();
   }
 }
+
+// The failure exceptions as their Python types (true), or false for any other exception.
+bool translate_failure(const std::exception_ptr& p) noexcept {
+  try {
+    std::rethrow_exception(p);
+  } catch (const RankLostError& e) {  // before TimeoutError, which it derives from
+    set_failure(g_rank_lost_error, e);
+  } catch (const TimeoutError& e) {
+    set_failure(g_timeout_error, e);
+  } catch (const BrokenError& e) {
+    PyErr_SetString(g_broken_error, e.what());
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
 }  // namespace
 
 void register_exceptions(py::module_& m) {
@@ -71,31 +88,18 @@ void register_exceptions(py::module_& m) {
   timeout_type.attr("dump_path") = py::none();
   // pybind11-bound functions: the same mapping as the fast methods (tried before ZcollError's).
   py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const RankLostError& e) {
-      set_failure(g_rank_lost_error, e);
-    } catch (const TimeoutError& e) {
-      set_failure(g_timeout_error, e);
-    } catch (const BrokenError& e) {
-      PyErr_SetString(g_broken_error, e.what());
-    }
+    if (p && !translate_failure(p)) std::rethrow_exception(p);
   });
 }
 
 void set_python_error() noexcept {
+  if (translate_failure(std::current_exception())) return;
   try {
     throw;
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (py::builtin_exception& e) {
     e.set_error();
-  } catch (const RankLostError& e) {
-    set_failure(g_rank_lost_error, e);
-  } catch (const TimeoutError& e) {
-    set_failure(g_timeout_error, e);
-  } catch (const BrokenError& e) {
-    PyErr_SetString(g_broken_error, e.what());
   } catch (const MismatchError& e) {
     PyErr_SetString(g_mismatch_error, e.what());
   } catch (const Error& e) {

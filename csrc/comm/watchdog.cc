@@ -211,7 +211,10 @@ std::string Watchdog::describe(FailureReason reason, int peer, const std::string
   std::string what = concat("zcoll: ", mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes) on rank ",
                             me, " of ", p);
   switch (reason) {
-    case FailureReason::kTimeout: what += concat(" timed out after ", timeout(), " s"); break;
+    // "the timeout of": torch's tests (and users' scripts) look for " timeout " or " Timed out ".
+    case FailureReason::kTimeout:
+      what += concat(" timed out after ", timeout(), " s, the timeout of its communicator");
+      break;
     case FailureReason::kRankLost:
       what += concat(" failed: rank ", peer, " is lost");
       if (!cause.empty()) what += concat(" (", cause, ")");

@@ -53,6 +53,8 @@ constexpr Spec kSpecs[] = {
      "directory for flight-recorder dumps (empty: a zcoll-dumps directory in the temp dir)"},
     {Var::kTelemetry, "ZCOLL_TELEMETRY", Kind::kBool, "1", "", 0, 0,
      "time every message and collective for comm.link_stats() and comm.diagnose() (0: off)"},
+    {Var::kMetricsPort, "ZCOLL_METRICS_PORT", Kind::kInt, "0", "", 0, 65535,
+     "serve guarded compression's metrics (Prometheus text) on this port + rank (0: off)"},
     {Var::kTopology, "ZCOLL_TOPOLOGY", Kind::kString, "", "", 0, 4096,
      "the probe.json of `zcoll probe` on this job's world: every MPI communicator orders its ring by the "
      "measured links (algorithm ordered_ring; auto uses it when the rank-order ring has a slow hop)"},

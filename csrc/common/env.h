@@ -30,6 +30,7 @@ enum class Var : int {
   kFlightRecorder, // ZCOLL_FLIGHT_RECORDER int     collectives kept per communicator (0: off)
   kDumpDir,        // ZCOLL_DUMP_DIR       string   where flight-recorder dumps go
   kTelemetry,      // ZCOLL_TELEMETRY      bool     per-link and per-rank timing of every message
+  kMetricsPort,    // ZCOLL_METRICS_PORT   int      Prometheus port of guarded compression (0: off)
   kTopology,       // ZCOLL_TOPOLOGY       string   a probe.json: link bandwidths for the ordered ring
   kCount
 };

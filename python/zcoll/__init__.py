@@ -8,6 +8,7 @@
 """
 from . import _C
 from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
+from .auto_compression import AutoCompression
 from .communicator import ALGORITHMS, OPS, Communicator
 from .compression import (
     CompressionStats,
@@ -60,6 +61,7 @@ def block_range(count: int, ranks: int, rank: int) -> range:
 
 __all__ = [
     "ALGORITHMS",
+    "AutoCompression",
     "BrokenError",
     "OPS",
     "Communicator",

@@ -28,20 +28,27 @@ def _info(_args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     """What the paths hold decides the report: step traces (zcoll-trace-rank*.json, written by
     zcoll.torch.profile or ZCOLL_TRACE) get the step summary and a PNG timeline; flight-recorder
-    dumps (zcoll-flight-*.json) say where the ranks diverged."""
+    dumps (zcoll-flight-*.json) say where the ranks diverged; guarded compression's metrics logs
+    (*.jsonl, given or in a directory) their decisions, checks and escalations."""
     from pathlib import Path
 
-    from . import flight
+    from . import flight, metrics
 
     paths = args.paths or [_C_dump_directory()]
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         print(f"zcoll report: {', '.join(missing)} does not exist", file=sys.stderr)
         return 2
+    logs = [q for p in paths for q in ([p] if not Path(p).is_dir() else sorted(Path(p).glob("*.jsonl")))]
+    logs = [q for q in logs if metrics.is_metrics_log(q)]  # guarded compression (compression="auto")
+    for q in logs:
+        print(metrics.report(q))
     if len(paths) == 1 and Path(paths[0]).is_dir() and any(Path(paths[0]).glob("zcoll-trace-rank*.json")):
         return _step_report(Path(paths[0]), args)
     if any(flight.is_flight_dump(p) for p in paths):
         print(flight.report(paths))
+        return 0
+    if logs:
         return 0
     print(
         f"zcoll report: no step traces (zcoll-trace-rank*.json: zcoll.torch.profile or ZCOLL_TRACE=DIR) and no "
@@ -84,24 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
     p.set_defaults(func=_info)
-    p = sub.add_parser(
-        "run",
-        help="run an MPI job, restarting it from its last checkpoint when it fails",
-        description=launcher.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    launcher.add_arguments(p)
-    p.set_defaults(func=launcher.run)
     from . import probe
 
-    p = sub.add_parser(
-        "probe",
-        help="measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement",
-        description=probe.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    probe.add_arguments(p)
-    p.set_defaults(func=probe.main)
+    for command, module, entry, summary in (
+        ("run", launcher, launcher.run, "run an MPI job, restarting it from its last checkpoint when it fails"),
+        ("probe", probe, probe.main,
+         "measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement"),
+    ):  # fmt: skip
+        p = sub.add_parser(
+            command, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        module.add_arguments(p)
+        p.set_defaults(func=entry)
 
     p = sub.add_parser(
         "report",

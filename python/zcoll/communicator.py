@@ -270,6 +270,12 @@ class Communicator(_C.Comm):
 def _compressor(compression: Any) -> Any:
     from .compression import Compressor
 
+    if isinstance(compression, str) and compression == "auto" or type(compression).__name__ == "AutoCompression":
+        raise ValueError(
+            'compression="auto" chooses per DDP bucket from measurements over training steps and the '
+            "backward pass it overlaps with; a single allreduce has neither: use it through the DDP hook "
+            '(zcoll.torch.apply_gradient_compression(ddp, "auto")), or pass a compressor here'
+        )
     if not isinstance(compression, Compressor):
         raise TypeError(
             "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "

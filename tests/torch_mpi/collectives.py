@@ -7,6 +7,8 @@ Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/collectives.py [case ...]
 
 import os
 import sys
+import time
+from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
@@ -341,8 +343,195 @@ def case_error_device_and_dtype(ck: Checks):
 def case_error_sizes_and_unsupported_calls(ck: Checks):
     ck.raises(ValueError, lambda: PG.all_gather_single(torch.empty(3), torch.ones(2)), "elements")
     ck.raises(ValueError, lambda: dist.broadcast(torch.ones(2), src=N + 3), "")
-    ck.raises(NotImplementedError, lambda: PG.recv_anysource([torch.ones(2)], 0), "recv_anysource")
-    ck.raises(NotImplementedError, lambda: PG.monitored_barrier(), "monitored_barrier")
+    sparse = torch.eye(3).to_sparse()
+    ck.raises(NotImplementedError, lambda: dist.all_reduce(sparse, op=Op.MAX), "SUM only")
+    ck.raises(NotImplementedError, lambda: dist.broadcast(sparse, 0), "sparse tensors are not supported")
+    ck.raises(NotImplementedError, lambda: PG.split_group([0]), "split_group")
+
+
+def case_sparse_all_reduce_sum(ck: Checks):
+    """Sparse COO tensors sum as gloo's do: different indices per rank, repeated ones, dense
+    dimensions, an empty rank; in place, the same on every rank."""
+    shape = (N + 3, 2)
+    idx = torch.tensor([[R, N, N + 2 - (R % 2)], [0, 1, R % 2]])  # [R, 0] is rank R's own
+    vals = torch.tensor([1.0 + R, 10.0, 0.5])
+    t = torch.sparse_coo_tensor(idx, vals, shape)
+    want = sum(
+        torch.sparse_coo_tensor(
+            torch.tensor([[r, N, N + 2 - (r % 2)], [0, 1, r % 2]]), torch.tensor([1.0 + r, 10.0, 0.5]), shape
+        ).to_dense()
+        for r in range(N)
+    )
+    dist.all_reduce(t)
+    ck.check(t.is_sparse and torch.equal(t.to_dense(), want), "sum", f"{t.to_dense()} != {want}")
+    ck.same_on_all_ranks("sparse sum", t.to_dense().numpy().tobytes())
+    dense_dims = torch.sparse_coo_tensor(torch.tensor([[R]]), torch.full((1, 2, 2), float(R)), (N, 2, 2))
+    dist.all_reduce(dense_dims, async_op=True).wait()
+    ck.check(torch.equal(dense_dims.to_dense(), torch.arange(N).float().view(N, 1, 1).expand(N, 2, 2)))
+    empty_here = torch.sparse_coo_tensor(
+        torch.zeros(1, 0, dtype=torch.long) if R else torch.tensor([[1]]),
+        torch.zeros(0) if R else torch.tensor([7.0]),
+        (3,),
+    )
+    dist.all_reduce(empty_here)
+    ck.check(
+        torch.equal(empty_here.to_dense(), torch.tensor([0.0, 7.0, 0.0])), "empty ranks", f"{empty_here}"
+    )
+    ck.raises(
+        ValueError,
+        lambda: dist.all_reduce(torch.eye(3).to_sparse() if R else torch.eye(4).to_sparse()),
+        "different shapes",
+    )
+
+
+def case_recv_without_src(ck: Checks):
+    """recv / irecv without src take whichever rank's message comes; both name the sender."""
+    if R == 0:
+        senders = []
+        for k in range(N - 1):
+            got = torch.empty(5)
+            if k % 2:
+                w = dist.irecv(got, tag=9)
+                w.wait()
+                sender = w._source_rank()
+            else:
+                sender = dist.recv(got, tag=9)
+            senders.append(sender)
+            ck.check(got.eq(float(sender)).all(), "payload", f"from {sender}: {got}")
+        ck.check(sorted(senders) == list(range(1, N)), "senders", f"{senders}")
+    else:
+        dist.send(torch.full((5,), float(R)), 0, tag=9)
+        ck.check(True)
+
+
+def case_monitored_barrier(ck: Checks):
+    """gloo's monitored barrier: passes when everyone comes; otherwise rank 0 names who did not,
+    the others are told; a late arrival of a failed barrier cannot pass a later one. Rank 0 waits
+    2 s (the ranks meant to arrive do, even on a loaded machine); the late rank comes only after
+    rank 0 gave up."""
+    dist.monitored_barrier(timeout=timedelta(seconds=10))
+    dist.monitored_barrier(timeout=10.0, wait_all_ranks=True)
+    ck.check(True)
+    late = N - 1
+    if R == 0:
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0),
+            f"[Rank 0]: Rank {late} failed to pass monitoredBarrier in 2000 ms",
+        )
+    elif R != late:
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0),
+            f"Rank {R} successfully reached monitoredBarrier",
+            "did not arrive",
+        )
+    dist.barrier()
+    if R == late:  # after rank 0 gave up: no verdict comes, and its arrival stays behind
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=0.1),
+            f"Rank {late} successfully reached monitoredBarrier",
+            "no verdict",
+        )
+    dist.barrier()
+    dist.monitored_barrier(timeout=10.0)  # the late arrival has its own call's tag
+    if R == 0:  # rank `late` stays away: its stale arrival must not stand in for it
+        ck.raises(
+            dist.DistBackendError,
+            lambda: dist.monitored_barrier(timeout=2.0, wait_all_ranks=True),
+            f"Ranks {late} failed to pass monitoredBarrier in 2000 ms",
+        )
+    elif R != late:
+        ck.raises(dist.DistBackendError, lambda: dist.monitored_barrier(timeout=2.0), "successfully reached")
+    dist.barrier()
+    if R == 0:
+        ck.raises(
+            dist.DistBackendError,
+            lambda: PG.monitored_barrier(timedelta(0)),
+            "Rank 0 timed out in monitoredBarrier after 0 ms",
+        )
+
+
+def case_failed_p2p_breaks_the_channel(ck: Checks):
+    """A recv that timed out leaves its peer's late message unmatched forever: later send/recv
+    on that group raise BrokenError; the group's collectives and other groups go on."""
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
+    t = torch.zeros(4)
+    if R == 0:
+        ck.raises(
+            zcoll.TimeoutError, lambda: dist.recv(t, 1, group=sub, tag=3), "recv from rank 1", "timed out"
+        )
+    dist.barrier()
+    if R == 1:
+        dist.send(torch.ones(4), 0, group=sub, tag=3)  # late: eager, so it completes here
+    dist.barrier()
+    if R == 0:
+        ck.raises(
+            zcoll.BrokenError, lambda: dist.recv(t, 1, group=sub, tag=3), "point-to-point channel broke"
+        )
+        ck.check(t.eq(0).all(), "the late message was never received", f"{t}")
+    if R in (0, 1):
+        u = torch.ones(2)
+        dist.all_reduce(u, group=sub)
+        ck.check(u.eq(2).all(), "collectives go on", f"{u}")
+    ck.check(True)
+    dist.destroy_process_group(sub)
+
+
+def case_work_wait_timeout_gives_up_a_recv(ck: Checks):
+    """Work.wait(timeout) on a recv that nothing will match: raises in time, cancels the receive
+    and breaks the group's point-to-point channel."""
+    sub = dist.new_group([0, 1])
+    if R == 0:
+        w = dist.irecv(torch.zeros(2), 1, group=sub, tag=6)
+        start = time.monotonic()
+        ck.raises(
+            zcoll.TimeoutError, lambda: w.wait(timedelta(seconds=0.3)), "Work.wait(timeout=0.3 s) expired"
+        )
+        ck.check(time.monotonic() - start < 3, "gave up in time", f"{time.monotonic() - start:.1f} s")
+        ck.raises(
+            zcoll.BrokenError, lambda: dist.send(torch.ones(2), 1, group=sub), "point-to-point channel broke"
+        )
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+
+
+def case_broken_group_refuses_all_to_all(ck: Checks):
+    """After a collective of a group failed, its all-to-all (mpi4py, tag 0) refuses to run: a
+    message of the failed call could still arrive and be matched."""
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=0.5))
+    if R == 0:
+        ck.raises(zcoll.TimeoutError, lambda: dist.barrier(group=sub), "timed out", "the timeout of")
+        out, inp = torch.empty(2), torch.ones(2)
+        ck.raises(
+            zcoll.BrokenError,
+            lambda: dist.all_to_all_single(out, inp, group=sub),
+            "all_to_all_single",
+            "earlier collective failed",
+        )
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+
+
+def case_truncated_recv_is_explained(ck: Checks):
+    """MPI's bare 'message truncated' comes back as what happened: which receive, which peer."""
+    sub = dist.new_group([0, 1])
+    if R == 0:
+        dist.send(torch.ones(8), 1, group=sub, tag=4)
+    elif R == 1:
+        ck.raises(
+            zcoll.ZcollError,
+            lambda: dist.recv(torch.empty(4), 0, group=sub, tag=4),
+            "recv from rank 0 (tag 4)",
+            "smaller receive buffer",
+            "another operation",
+        )
+    ck.check(True)
+    dist.barrier()
+    dist.destroy_process_group(sub)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .accumulate import GradientAccumulator
 from .backend import ProcessGroupZcoll
 from .hooks import CompressionState, allreduce_hook, apply_gradient_compression, compression_hook
 from .profiler import StepProfiler, profile
+from .recommend import recommend
 
 backend.register()
 _launch.install_env_rendezvous()
@@ -50,5 +51,6 @@ __all__ = [
     "optim",
     "profile",
     "profiler",
+    "recommend",
     "StepProfiler",
 ]

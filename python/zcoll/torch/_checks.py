@@ -22,6 +22,11 @@ _FLOAT_SET = frozenset(FLOAT)
 _DTYPE_SET = frozenset(DTYPES)
 
 
+class SparseTensorError(NotImplementedError):
+    """A sparse tensor where the call takes dense ones (all_reduce catches it: it sums sparse
+    COO tensors, see ``_sparse``)."""
+
+
 def check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"zcoll {call}: {what} must be a torch.Tensor, got {type(t).__name__}")
@@ -35,6 +40,12 @@ def check(call: str, t: Any, what: str = "tensor") -> torch.Tensor:
             f"zcoll {call}: {what} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
         )
     if not t.is_contiguous():
+        if t.layout != torch.strided:  # checked here: a dense tensor never pays for it
+            raise SparseTensorError(
+                f"zcoll {call}: {what} is a sparse tensor ({t.layout}); sparse tensors are not supported "
+                "by the zcoll backend here (only all_reduce with SUM of sparse COO tensors): "
+                "pass t.to_dense()"
+            )
         raise ValueError(f"zcoll {call}: {what} is not contiguous; call .contiguous() first")
     return t
 

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
@@ -38,46 +38,103 @@ def isend(comm: Any, t: torch.Tensor, dst: int, tag: int) -> Any:
     return comm.Isend(buffer(t), dest=dst, tag=tag)
 
 
-def irecv(comm: Any, t: torch.Tensor, src: int, tag: int) -> Any:
-    return comm.Irecv(buffer(t), source=src, tag=tag)
+def irecv(comm: Any, t: torch.Tensor, src: Optional[int], tag: int) -> Any:
+    """A receive into t from rank src, or from any rank when src is None."""
+    return comm.Irecv(buffer(t), source=_mpi().ANY_SOURCE if src is None else src, tag=tag)
 
 
 def wait_all(
-    requests: Sequence[Any], timeout: float = 0.0, what: str = "point-to-point operation", peers: Sequence[int] = ()
+    requests: Sequence[Any],
+    timeout: float = 0.0,
+    what: str = "point-to-point operation",
+    peers: Sequence[Optional[int]] = (),
+    statuses: Optional[List[Any]] = None,
+    aborted: Optional[Callable[[], Optional[str]]] = None,
 ) -> None:
     """Completes every request: polls a little, then sleeps briefly between polls (GIL released).
-    After `timeout` seconds (0: never) cancels what is left, so that no later operation matches it,
-    and raises zcoll.TimeoutError naming the peers (peers[i]: of requests[i]) still unfinished."""
+    After `timeout` seconds (0: never) cancels what is left and raises zcoll.TimeoutError naming
+    the peers (peers[i]: of requests[i]) still unfinished. An MPI error raises zcoll.ZcollError
+    saying what failed, with which peer, and MPI's own words. statuses: MPI.Status objects, one
+    per request, filled in (e.g. the source of a receive from any rank). aborted(): a reason to
+    give up now (Work.wait(timeout) expired), checked as often as the deadline."""
     MPI = _mpi()
     requests = list(requests)
+    if statuses is None:
+        statuses = [MPI.Status() for _ in requests]
     polls = 0
     deadline = time.monotonic() + timeout if timeout > 0 else None
-    while not MPI.Request.Testall(requests):
+    while not _test_all(requests, statuses, what, peers):
         polls += 1
         if polls > _POLLS_BEFORE_SLEEP:
             time.sleep(0 if polls < 4 * _POLLS_BEFORE_SLEEP else 20e-6)
-            if deadline is not None and polls % 64 == 0 and time.monotonic() > deadline:
-                _expire(requests, timeout, what, peers)
+            if polls % 64:
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                _expire(requests, f"timed out after {timeout:g} s", what, peers)
+            reason = aborted() if aborted is not None else None
+            if reason:
+                _expire(requests, f"was aborted ({reason})", what, peers)
 
 
-def _expire(requests: List[Any], timeout: float, what: str, peers: Sequence[int]) -> None:
-    from .. import TimeoutError as ZcollTimeoutError
+def _test_all(requests: List[Any], statuses: List[Any], what: str, peers: Sequence[Optional[int]]) -> bool:
+    MPI = _mpi()
+    try:
+        return MPI.Request.Testall(requests, statuses)
+    except MPI.Exception as e:
+        _cancel(requests)
+        raise _mpi_error(e, statuses, what, peers) from None
+
+
+def _mpi_error(error: Any, statuses: List[Any], what: str, peers: Sequence[Optional[int]]) -> Exception:
+    """zcoll.ZcollError for an MPI error in one of `what`'s messages: which peer, MPI's error
+    string, and what a truncation means here."""
+    from .. import ZcollError
 
     MPI = _mpi()
-    waiting = set()
+    codes = [(i, s.Get_error()) for i, s in enumerate(statuses)]
+    failed = [(i, c) for i, c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)] or [
+        (-1, error.Get_error_code())
+    ]
+    parts = []
+    for i, code in failed:
+        peer = _who(peers[i]) if 0 <= i < len(peers) else "a peer"
+        text = f"the message with {peer} failed: {MPI.Get_error_string(code).strip()}"
+        if MPI.Get_error_class(code) == MPI.ERR_TRUNCATE:
+            got = statuses[i].Get_count(MPI.BYTE) if i >= 0 else "?"
+            text += (
+                f" (a message of {got} bytes or more arrived for a smaller receive buffer: the sender sent "
+                "another size, or this receive matched a message meant for another operation with the "
+                "same source and tag)"
+            )
+        parts.append(text)
+    return ZcollError(f"zcoll: {what}: " + "; ".join(parts))
+
+
+def _who(peer: Optional[int]) -> str:
+    return "any rank" if peer is None else f"rank {peer}"
+
+
+def _cancel(requests: List[Any]) -> List[int]:
+    """Cancels every unfinished request; returns their indices."""
+    MPI = _mpi()
+    waiting = []
     for i, req in enumerate(requests):
         if req == MPI.REQUEST_NULL:  # completed (Testall nulls what is done)
             continue
-        if i < len(peers):
-            waiting.add(peers[i])
+        waiting.append(i)
         try:
             req.Cancel()
         except MPI.Exception:
             pass
-    who = f"rank(s) {sorted(waiting)}" if waiting else "its peers"
-    raise ZcollTimeoutError(
-        f"zcoll: {what} timed out after {timeout:g} s waiting for {who}; the unfinished messages were cancelled"
-    )
+    return waiting
+
+
+def _expire(requests: List[Any], why: str, what: str, peers: Sequence[Optional[int]]) -> None:
+    from .. import TimeoutError as ZcollTimeoutError
+
+    waiting = sorted({_who(peers[i]) for i in _cancel(requests) if i < len(peers)})
+    who = ", ".join(waiting) if waiting else "its peers"
+    raise ZcollTimeoutError(f"zcoll: {what} {why} waiting for {who}; the unfinished messages were cancelled")
 
 
 def _rows(t: torch.Tensor, splits: Sequence[int], size: int, name: str) -> List[torch.Tensor]:

@@ -68,6 +68,14 @@ def _reraise(fut: Future) -> Any:
     return fut.value()
 
 
+def _source_rank(work: dist.Work) -> int:
+    """The rank a receive without src got its message from (torch's ``Work._source_rank``)."""
+    if work.source is None:
+        raise ValueError("zcoll: a source rank is known only for the work of a recv or irecv")
+    work.wait()
+    return work.source[0]
+
+
 class ZcollWork(dist.Work):
     """A zcoll operation in flight (or already done): ``wait()``, ``get_future()``,
     ``is_completed()``, ``result()``. The future's value is the list of output tensors.
@@ -81,6 +89,9 @@ class ZcollWork(dist.Work):
         self._future = future
         self._error = error  # [exception] once the operation failed on the worker
         self._on_timeout = on_timeout
+
+    source: Optional[list] = None  # a receive's [peer rank], filled in when it completes
+    _source_rank = source_rank = _source_rank
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
@@ -138,6 +149,9 @@ class DoneWork(dist.Work):
         super().__init__()
         self._value = value
         self._future: Optional[Future] = None
+
+    source: Optional[list] = None  # as ZcollWork's (class-level: no cost on the synchronous path)
+    _source_rank = source_rank = _source_rank
 
     def wait(self, timeout: Any = None) -> bool:
         return True

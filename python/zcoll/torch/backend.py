@@ -14,15 +14,19 @@ mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_
 
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
-all_to_all, gather, scatter, barrier, send, recv, isend/irecv, the *_coalesced variants of
-allreduce / allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them.
-Anything else raises NotImplementedError naming the call.
+all_to_all, gather, scatter, all_gather_coalesced, barrier, monitored_barrier (``_monitor``),
+send, recv, isend/irecv (with or without src), the *_coalesced variants of allreduce /
+allgather_into_tensor / reduce_scatter_tensor, and async_op=True for all of them. Anything else
+raises NotImplementedError naming the call; sparse COO tensors go only to all_reduce with SUM
+(``_sparse``: gathered and added, as gloo does).
 
 Timeouts: the group's ``timeout=`` (``init_process_group`` / ``new_group``; when left at torch's
 default, ``ZCOLL_TIMEOUT``) is the deadline of every collective and point-to-point wait; on
 expiry every surviving rank raises ``zcoll.TimeoutError`` naming the ranks that never arrived,
 and the group is broken (later calls raise ``zcoll.BrokenError``). ``Work.wait(timeout)`` aborts
-the operation the same way when it is not done in time.
+the operation the same way when it is not done in time. A failed send/recv breaks the group's
+point-to-point channel (a late message of it must never be matched by a later receive), a failed
+all-to-all / gather / scatter the whole group; MPI's errors are translated (``_p2p``).
 
 Example::
 
@@ -38,6 +42,8 @@ Example::
 from __future__ import annotations
 
 import atexit
+import datetime
+import functools
 import weakref
 import zlib
 from typing import Any, Callable, List, Optional
@@ -48,7 +54,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..communicator import Communicator
 from . import _checks as chk
-from . import _launch, _p2p
+from . import _launch, _monitor, _p2p, _sparse
 from ._work import OrderedExecutor, ZcollWork
 
 BACKEND = "zcoll"
@@ -68,7 +74,11 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         self._p2p = comm.Dup()  # users' send/recv (their tags)
         self._coll_p2p = comm.Dup()  # zcoll's all-to-all, gather, scatter
         self._exec = OrderedExecutor(f"zcoll-pg{name}", on_timeout=self._comm.abort)
-        self._p2p_exec = OrderedExecutor(f"zcoll-pg{name}-p2p")
+        self._p2p_exec = OrderedExecutor(f"zcoll-pg{name}-p2p", on_timeout=self._abort_p2p)
+        self._p2p_abort: Optional[str] = None  # set by Work.wait(timeout) on a send/recv
+        self._p2p_failure: Optional[str] = None  # why the users' send/recv channel broke
+        self._coll_failure: Optional[str] = None  # why all-to-all / gather / scatter broke
+        self._monitored_calls = 0  # monitored_barrier calls so far (their tags)
         self._group_name = name
         self._group_desc = ""
         _live.add(self)
@@ -112,7 +122,12 @@ class ProcessGroupZcoll(dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        t = chk.one("all_reduce", tensors)
+        try:
+            t = chk.one("all_reduce", tensors)
+        except chk.SparseTensorError:  # costs nothing until raised
+            t = None
+        if t is None:  # outside the except block: its errors are not "during handling" of that one
+            return self._sparse_allreduce(tensors[0], opts)
         op = chk.op_name("all_reduce", opts, t)
         comm = self._comm
         if opts is not None and not opts.asyncOp:  # the common synchronous call: no closure
@@ -120,6 +135,20 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             if done is not None:
                 return done
         return self._exec.call(lambda: comm.allreduce(t, op=op, out=t), [t], chk.is_async(opts))
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> ZcollWork:
+        if t.layout != torch.sparse_coo:
+            raise NotImplementedError(
+                f"zcoll all_reduce: {t.layout} tensors are not supported (sparse COO are)"
+            )
+        values = chk.check("all_reduce", t._values(), "the sparse tensor's values")
+        op = chk.op_name("all_reduce", opts, values)
+        if op != "sum":
+            raise NotImplementedError(
+                f"zcoll all_reduce: sparse tensors reduce with SUM only (as gloo's), not {op}"
+            )
+        comm = self._comm
+        return self._exec.call(lambda: _sparse.allreduce_sum(comm, t), [t], chk.is_async(opts))
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> ZcollWork:
         ts = list(tensors)
@@ -197,6 +226,35 @@ class ProcessGroupZcoll(dist.ProcessGroup):
 
         return self._exec.call(run, outs, chk.is_async(opts))
 
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None
+    ) -> ZcollWork:
+        """dist.all_gather_coalesced: output_lists[r][i] receives inputs[i] of rank r; one
+        allgather per tensor (the tensors may differ in shape and dtype)."""
+        if len(output_lists) != self.size() or any(len(o) != len(inputs) for o in output_lists):
+            raise ValueError(
+                f"zcoll all_gather_coalesced: expected {self.size()} output lists of {len(inputs)} tensors, "
+                f"got {[len(o) for o in output_lists]}"
+            )
+        for i, inp in enumerate(inputs):
+            chk.check("all_gather_coalesced", inp, f"input_tensor_list[{i}]")
+            chk.same(
+                "all_gather_coalesced",
+                inp,
+                [o[i] for o in output_lists],
+                f"output_tensor_lists[*][{i}]",
+                inp.numel(),
+            )
+        comm = self._comm
+
+        def run() -> None:
+            for i, inp in enumerate(inputs):
+                gathered = comm.allgather(inp)
+                for r, outs in enumerate(output_lists):
+                    outs[i].view(-1).copy_(gathered[r].view(-1))
+
+        return self._exec.call(run, output_lists, chk.is_async(opts))
+
     def reduce_scatter(
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
     ) -> ZcollWork:
@@ -269,7 +327,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         ins = _p2p._rows(inp, in_splits, size, "input")
         timeout = self._comm.timeout
         return self._exec.call(
-            lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout), [out], chk.is_async(opts)
+            self._messages("all_to_all_single", lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout)),
+            [out],
+            chk.is_async(opts),
         )
 
     def alltoall(self, outs: List[torch.Tensor], ins: List[torch.Tensor], opts: Any = None) -> ZcollWork:
@@ -283,7 +343,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
         chk.same("all_to_all", ins[0], outs, "output_tensor_list")
         mc, timeout = self._coll_p2p, self._comm.timeout
         return self._exec.call(
-            lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout), outs, chk.is_async(opts)
+            self._messages("all_to_all", lambda: _p2p.alltoall_lists(mc, outs, ins, _TAG, timeout)),
+            outs,
+            chk.is_async(opts),
         )
 
     def gather(
@@ -299,7 +361,9 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             chk.same("gather", inp, outs, "gather_list", inp.numel())
         mc, timeout = self._coll_p2p, self._comm.timeout
         return self._exec.call(
-            lambda: _p2p.gather(mc, outs, inp, root, _TAG, timeout), output_lists, chk.is_async(opts)
+            self._messages("gather", lambda: _p2p.gather(mc, outs, inp, root, _TAG, timeout)),
+            output_lists,
+            chk.is_async(opts),
         )
 
     def scatter(
@@ -315,26 +379,105 @@ class ProcessGroupZcoll(dist.ProcessGroup):
             chk.same("scatter", out, ins, "scatter_list", out.numel())
         mc, timeout = self._coll_p2p, self._comm.timeout
         return self._exec.call(
-            lambda: _p2p.scatter(mc, out, ins, root, _TAG, timeout), [out], chk.is_async(opts)
+            self._messages("scatter", lambda: _p2p.scatter(mc, out, ins, root, _TAG, timeout)),
+            [out],
+            chk.is_async(opts),
         )
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> ZcollWork:
         t = chk.one("send", tensors)
         self._peer("send", dst)
+        self._p2p_usable("send")
         req = _p2p.isend(self._p2p, t, dst, tag)  # posted now: MPI keeps the issue order
-        timeout = self._comm.timeout
-        return self._p2p_exec.call(lambda: _p2p.wait_all([req], timeout, "send", [dst]), [t], True)
+        return self._p2p_exec.call(
+            lambda: self._p2p_wait(req, f"send to rank {dst} (tag {tag})", dst), [t], True
+        )
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> ZcollWork:
         t = chk.one("recv", tensors)
         self._peer("recv", src)
-        req = _p2p.irecv(self._p2p, t, src, tag)
-        timeout = self._comm.timeout
-        return self._p2p_exec.call(lambda: _p2p.wait_all([req], timeout, "recv", [src]), [t], True)
+        return self._recv(t, src, tag)
 
-    recv_anysource = chk.unsupported("recv_anysource (recv without src)")
-    monitored_barrier = chk.unsupported("monitored_barrier (use dist.barrier)")
-    allgather_coalesced = chk.unsupported("allgather_coalesced (use all_gather_into_tensor)")
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> ZcollWork:
+        """recv / irecv without src: from whichever rank sends first; ``work._source_rank()``
+        (what dist.recv returns) is that rank."""
+        return self._recv(chk.one("recv", tensors), None, tag)
+
+    def _recv(self, t: torch.Tensor, src: Optional[int], tag: int) -> ZcollWork:
+        self._p2p_usable("recv")
+        req = _p2p.irecv(self._p2p, t, src, tag)
+        source = [src]
+        what = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
+
+        def wait() -> None:
+            source[0] = self._p2p_wait(req, what, src)
+
+        work = self._p2p_exec.call(wait, [t], True)
+        work.source = source
+        return work
+
+    def _messages(self, call: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """fn (all-to-all, gather, scatter over mpi4py) as a step of the collective order. One that
+        fails breaks the group as a failed zcoll collective does (its messages could still arrive,
+        and the next such call, same tag, would match them): later ones raise BrokenError, and the
+        communicator is aborted so that the next zcoll collective fails on every rank. One after a
+        failed zcoll collective (the communicator broken) raises BrokenError too."""
+
+        def run() -> None:
+            if self._coll_failure is None and self._comm.broken:
+                self._coll_failure = (
+                    "an earlier collective failed (the zcoll.TimeoutError it raised says why)"
+                )
+            if self._coll_failure is not None:
+                from .. import BrokenError
+
+                raise BrokenError(
+                    f"zcoll {call}: this group broke when {self._coll_failure}; use a new group"
+                )
+            try:
+                fn()
+            except Exception as e:
+                self._coll_failure = f"{call} failed ({e})"
+                self._comm.abort(self._coll_failure)
+                raise
+
+        return run
+
+    def _p2p_usable(self, call: str) -> None:
+        if self._p2p_failure is not None:
+            from .. import BrokenError
+
+            raise BrokenError(
+                f"zcoll {call}: this group's point-to-point channel broke when an earlier operation failed "
+                f"({self._p2p_failure}); a message of that operation could still arrive and be matched by "
+                "this one, so none is posted: use a new group (dist.new_group)"
+            )
+
+    def _p2p_wait(self, req: Any, what: str, peer: Optional[int]) -> int:
+        """Completes one user send/recv; returns the peer's rank. A failure (timeout, MPI error)
+        breaks the group's point-to-point channel: what the failed operation's peer sends later
+        must never be matched by another receive."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        try:
+            _p2p.wait_all([req], self._comm.timeout, what, [peer], [status], lambda: self._p2p_abort)
+        except Exception as e:
+            self._p2p_failure = f"{what}: {e}"
+            raise
+        return status.Get_source()
+
+    def _abort_p2p(self, reason: str) -> None:
+        self._p2p_abort = reason  # the running send/recv gives up, and the channel breaks
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier (see ``_monitor``): rank 0 raises naming the ranks that did not
+        arrive within `timeout` (default: the group's timeout)."""
+        if timeout is None:
+            timeout = self._comm.timeout or c10d.default_pg_timeout
+        self._monitored_calls += 1
+        _monitor.monitored_barrier(self._coll_p2p, self._monitored_calls, timeout, wait_all_ranks)
+
     split_group = chk.unsupported("split_group (use dist.new_group)")
     merge_remote_group = chk.unsupported("merge_remote_group")
 
@@ -421,6 +564,29 @@ def _timeout_seconds(opts: Any) -> Optional[float]:
 
 
 def register() -> None:
-    """Registers the backend (done by ``import zcoll.torch``). Idempotent."""
+    """Registers the backend (done by ``import zcoll.torch``) and lets ``dist.monitored_barrier``
+    reach zcoll groups. Idempotent."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    if not getattr(c10d.monitored_barrier, "_zcoll", False):
+        dist.monitored_barrier = c10d.monitored_barrier = _monitored_barrier_for(c10d.monitored_barrier)
+
+
+def _monitored_barrier_for(torchs: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's dist.monitored_barrier refuses every backend but gloo by name ("only implemented
+    for GLOO backend"), before asking the group. This wrapper sends a call on a zcoll group to
+    the group's own monitored_barrier and everything else to torch's function unchanged."""
+
+    @functools.wraps(torchs)
+    def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+        if c10d._rank_not_in_group(group):
+            return torchs(group, timeout, wait_all_ranks)  # torch warns and returns
+        pg = c10d._get_default_group() if group is None else group
+        if not isinstance(pg, ProcessGroupZcoll):
+            return torchs(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._zcoll = True
+    return monitored_barrier

@@ -20,12 +20,14 @@ Example::
     model.register_comm_hook(CompressionState(compressor=zcoll.GradientQuantizer(bits=8)), compression_hook)
 """
 
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from ..auto_compression import AutoCompression, resolve
 from . import profiler as _profiler
 from .backend import ProcessGroupZcoll
 from .bucket_state import BucketLayouts
@@ -47,7 +49,9 @@ class CompressionState:
     """State of :func:`compression_hook`.
 
     1. ``compressor``: any zcoll compressor (``zcoll.GradientQuantizer``, ``TopK``, ``RandomK``,
-       ``Threshold``, ``HalfPrecision``); None sends uncompressed.
+       ``Threshold``, ``HalfPrecision``); None sends uncompressed; ``"auto"`` or a
+       ``zcoll.AutoCompression``: each bucket's method measured and chosen, then guarded
+       (zcoll.auto_compression).
     2. ``warmup_steps``: the first N optimizer steps go uncompressed (Deep Gradient Compression's
        warm-up); a step ends with DDP's last bucket.
     3. ``key(bucket)``: the error-feedback key of a bucket, ``"<prefix>/bucket<index>/<numel>"``.
@@ -64,7 +68,8 @@ class CompressionState:
        compressor (docs/compression.md): floor 1e-4 for sign, 1e-2 otherwise; DGC's momentum
        factor masking for sparsifiers.
     6. ``dense_below``: buckets of fewer elements go uncompressed (their latency, not their bytes,
-       is what they cost), with whatever residual they carry.
+       is what they cost), with whatever residual they carry (not with AutoCompression: its model
+       decides small buckets too).
 
     Example::
 
@@ -106,13 +111,14 @@ class CompressionState:
         if dense_below < 0:
             raise ValueError(f"dense_below must be >= 0, got {dense_below}")
         self.process_group = _zcoll_group(process_group, "CompressionState")
+        compressor = resolve(compressor)
         self.compressor = compressor
         self.warmup_steps = int(warmup_steps)
         self.step = 0  # completed DDP steps (backward passes that reached the last bucket)
         self.key_prefix = key_prefix
         self.keys: Dict[int, str] = {}  # bucket index -> error-feedback key in use
         self.dense_below = int(dense_below)
-        sparse = type(compressor).__name__ in SPARSIFIERS
+        sparse = type(compressor).__name__ in SPARSIFIERS or isinstance(compressor, AutoCompression)
         self.momentum = None
         if optimizer is not None:
             floor = default_variance_floor(compressor) if variance_floor is None else variance_floor
@@ -150,23 +156,28 @@ class CompressionState:
         )
 
     def compressed_allreduce(
-        self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]
+        self,
+        buf: torch.Tensor,
+        key: str,
+        params: Tuple[torch.Tensor, ...],
+        when: Tuple[int, bool, float] = (0, False, 0.0),
     ) -> torch.Tensor:
         """One bucket, compressed (runs on the group's executor, in bucket order): move the
         bucket's state if DDP rebuilt it, momentum correction, the compressed average.
 
         After load_state_dict, DDP starts again with its first-step bucket (every parameter, in
         model order) until it rebuilds; such a bucket is compressed as the saved buckets it is
-        made of, so a resumed run computes exactly what the uninterrupted one did."""
+        made of, so a resumed run computes exactly what the uninterrupted one did.
+        when: (step, last bucket of the step, hand-over time), for AutoCompression."""
         if self.resuming:
             saved = self.layouts.cover(params)
             if saved is not None and not (len(saved) == 1 and saved[0][0] == key and saved[0][1] == params):
-                return self._through_saved_layouts(buf, params, saved)
+                return self._through_saved_layouts(buf, params, saved, when)
             self.resuming = False
-        return self._compressed_bucket(buf, key, params)
+        return self._compressed_bucket(buf, key, params, when)
 
     def _compressed_bucket(
-        self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...]
+        self, buf: torch.Tensor, key: str, params: Tuple[torch.Tensor, ...], when: Tuple[int, bool, float]
     ) -> torch.Tensor:
         comm, compressor, mc = self.process_group.communicator, self.compressor, self.momentum
         self.layouts.place(key, params)
@@ -180,19 +191,24 @@ class CompressionState:
             if d is None and mc.kind != "sgd":
                 d = self.preconditioner[key] = mc.preconditioner(params)
             u = self.velocity[key] = mc.velocity_step(buf, params, u, d)
-        if buf.numel() < self.dense_below:
+        if buf.numel() < self.dense_below and not isinstance(compressor, AutoCompression):  # auto decides
             e = compressor.residual(key)
             if e is not None:  # a bucket that shrank below the limit sends what it owes
                 buf.add_(torch.from_numpy(e).reshape(-1))
                 compressor.reset(key)
             return comm.allreduce(buf, op="avg", out=buf)
-        out = comm.allreduce(buf, op="avg", compression=compressor, key=key)
-        if u is not None:
+        masked = True  # mask_sent masks only where the correction was built to (sparsifiers)
+        if isinstance(compressor, AutoCompression):
+            out = compressor.allreduce(comm, buf, key, *when)  # in place too
+            masked = compressor.method_of.get(key, "none").startswith("top")
+        else:
+            out = comm.allreduce(buf, op="avg", compression=compressor, key=key, out=buf)  # in place
+        if u is not None and masked:
             mc.mask_sent(u, compressor.residual(key))
         return out
 
     def _through_saved_layouts(
-        self, buf: torch.Tensor, params: Tuple[torch.Tensor, ...], saved: list
+        self, buf: torch.Tensor, params: Tuple[torch.Tensor, ...], saved: list, when: Tuple[int, bool, float]
     ) -> torch.Tensor:
         """Each saved bucket's slices gathered from `buf` in its own order, compressed under its
         own key, scattered back."""
@@ -201,9 +217,10 @@ class CompressionState:
             offset[p] = off
             off += p.numel()
         out = torch.empty_like(buf)
-        for key, ps in saved:
+        for i, (key, ps) in enumerate(saved):
             part = torch.cat([buf[offset[p] : offset[p] + p.numel()] for p in ps])
-            result = self._compressed_bucket(part, key, ps)
+            last = when[1] and i == len(saved) - 1
+            result = self._compressed_bucket(part, key, ps, (when[0], last, when[2]))
             pos = 0
             for p in ps:
                 out[offset[p] : offset[p] + p.numel()] = result[pos : pos + p.numel()]
@@ -320,7 +337,11 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     if state.compressing:
         key, params = state.key(bucket), tuple(bucket.parameters())
         compressor, value = state.compressor, None
-        run = lambda: state.compressed_allreduce(buf, key, params)  # noqa: E731
+        when = (state.step, bucket.is_last(), time.perf_counter())
+        run = lambda: state.compressed_allreduce(buf, key, params, when)  # noqa: E731
+        if isinstance(compressor, AutoCompression):  # the profiler records the method in use
+            m = compressor.method(key, state.step, buf.numel() * buf.element_size())
+            compressor = compressor.compressor(m) if m != "none" else None
     else:
         comm = pg.communicator
         compressor, run, value = None, (lambda: comm.allreduce(buf, op="avg", out=buf)), buf
@@ -348,11 +369,16 @@ def apply_gradient_compression(
     (see :class:`CompressionState`; what top-k and sign need to keep their accuracy);
     options: CompressionState's variance_floor, mask_momentum, dense_below.
 
+    compressor "auto" (or a zcoll.AutoCompression): each bucket's method chosen from measured
+    trial steps, then guarded (zcoll.auto_compression); ``zcoll.torch.recommend(model)`` reports
+    the decision.
+
     Example::
 
         model = torch.nn.parallel.DistributedDataParallel(net)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 100, optimizer=opt)
+        state = zcoll.torch.apply_gradient_compression(model, "auto")
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
@@ -370,4 +396,5 @@ def apply_gradient_compression(
         **options,
     )
     ddp_model.register_comm_hook(state, compression_hook)
+    ddp_model._zcoll_compression_state = state  # for zcoll.torch.recommend
     return state

@@ -1,0 +1,197 @@
+"""Metrics of guarded compression: a JSON-lines log and, when a port is set, the Prometheus text
+format served by a small HTTP thread.
+
+1. ``MetricsLog(path)``: one JSON object per line, ``{"t": unix seconds, "event": ..., ...}``,
+   flushed per line so a crashed run keeps what it logged. Events: ``bucket`` (per bucket and
+   step), ``decision``, ``check``, ``escalate``, ``relax``, ``redecide`` (zcoll.auto_compression).
+2. ``port`` (or ZCOLL_METRICS_PORT): every rank serves ``GET /metrics`` on port + its rank
+   (several ranks share a machine), the latest value of each gauge and each counter's total:
+
+       zcoll_compression_ratio{bucket="ddp/bucket0/1024",method="int8"} 3.9
+
+   from a daemon thread (http.server); port 0 or unset: no server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from . import _C
+
+HELP = {
+    "zcoll_compression_ratio": "dense bytes / bytes sent of the bucket's last allreduce",
+    "zcoll_compression_residual_ratio": "norm of the error-feedback residual / norm of the bucket's gradient",
+    "zcoll_compression_nonfinite_total": "non-finite values or blocks seen in compressed buckets",
+    "zcoll_compression_check_error": "relative error of the last sampled exact check",
+    "zcoll_compression_escalations_total": "times a bucket's compression was made less lossy by the guard",
+    "zcoll_compression_comm_seconds": "seconds of the bucket's last allreduce",
+}
+
+
+class MetricsLog:
+    """JSON lines at `path` (None: none) and Prometheus gauges on `port` + rank (None: from
+    ZCOLL_METRICS_PORT; 0: no server)."""
+
+    def __init__(self, path: Optional[str] = None, port: Optional[int] = None, rank: int = 0):
+        self.path = Path(path) if path else None
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+        self._values: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+        self._lock = threading.Lock()
+        port = int(_C.env_get("ZCOLL_METRICS_PORT")) if port is None else int(port)
+        self.server = _serve(self, port + rank) if port else None
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"t": time.time(), "event": event, **fields}, default=float) + "\n")
+            self._file.flush()
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        with self._lock:
+            self._values[(name, tuple(sorted(labels.items())))] = float(value)
+
+    def add(self, name: str, value: float, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + float(value)
+
+    def prometheus(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4) of every value."""
+        with self._lock:
+            items = sorted(self._values.items())
+        lines, seen = [], set()
+        for (name, labels), v in items:
+            if name not in seen:
+                seen.add(name)
+                lines.append(f"# HELP {name} {HELP.get(name, name)}")
+                lines.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
+            text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
+            lines.append(f"{name}{{{text}}} {v!r}" if text else f"{name} {v!r}")
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def _escape(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _serve(log: MetricsLog, port: int) -> Any:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # only when serving
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = log.prometheus().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, name=f"zcoll-metrics:{port}", daemon=True).start()
+    return server
+
+
+# -- zcoll report ------------------------------------------------------------------------------------
+EVENTS = ("bucket", "decision", "measured", "check", "escalate", "relax", "redecide")
+
+
+def is_metrics_log(path: Any) -> bool:
+    """A JSON-lines file whose first line is one of MetricsLog's events."""
+    p = Path(path)
+    if not p.is_file() or p.suffix != ".jsonl":
+        return False
+    with open(p, encoding="utf-8") as f:
+        try:
+            return json.loads(f.readline() or "{}").get("event") in EVENTS
+        except ValueError:
+            return False
+
+
+def report(path: Any) -> str:
+    """What ``zcoll report`` prints for a metrics log: the decisions (method, reason, predicted
+    vs the trials' measurement), predicted vs measured communication per check, the exact checks
+    per method (worst error against its bound), escalations and relaxations, and per bucket and
+    method the mean compression ratio and residual-to-gradient norm ratio."""
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    out = [f"compression metrics: {path} ({len(rows)} events)"]
+    decisions = [r for r in rows if r["event"] == "decision"]
+    if decisions:
+        out.append("decisions (predicted / measured in the trials, ms):")
+        for r in decisions:
+            m = r["method"]
+            trial = r.get("measured_trial", {}).get(m)
+            none = r.get("measured_trial", {}).get("none")
+            out.append(
+                f"  step {r['step']:>4} {r['bucket']:<28} {m:>7}: {1e3 * r['predicted_s']:.2f} / "
+                + (f"{1e3 * trial:.2f}" if trial is not None else "-")
+                + (f" (none {1e3 * none:.2f})" if none is not None else "")
+                + f"  {r['reason']}"
+            )
+    measured = [r for r in rows if r["event"] == "measured"]
+    if measured:
+        rel = [abs(r["relative"]) for r in measured]
+        out.append(
+            f"communication, predicted vs measured over {len(measured)} check intervals: median |error| "
+            f"{100 * sorted(rel)[len(rel) // 2]:.1f}%, worst {100 * max(rel):.1f}%; measured gain over "
+            f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
+            f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
+        )
+        per: Dict[str, list] = {}
+        for r in measured:
+            for key, (got, want) in r.get("per_bucket", {}).items():
+                if want > 0:
+                    per.setdefault(key, []).append(abs(got - want) / want)
+        for key, errs in sorted(per.items()):
+            errs.sort()
+            out.append(f"  {key:<28} predicted vs measured: median |error| {100 * errs[len(errs) // 2]:.1f}%")
+        trial = [
+            r["measured_gain_vs_trials_s"] for r in measured if r.get("measured_gain_vs_trials_s") is not None
+        ]
+        if trial:
+            out.append(f"measured gain over the trials' uncompressed buckets: {1e3 * sum(trial):.1f} ms")
+    checks: Dict[str, list] = {}
+    for r in rows:
+        if r["event"] == "check":
+            checks.setdefault(r["method"], []).append((r["error"], r["bound"]))
+    for m, cs in sorted(checks.items()):
+        worst = max(e for e, _ in cs)
+        out.append(f"exact checks, {m}: {len(cs)}, worst relative error {worst:.3g} (bound {cs[0][1]:.3g})")
+    for r in rows:
+        if r["event"] in ("escalate", "relax", "redecide"):
+            what = (
+                r.get("reason") or f"{r.get('previous')} -> {r.get('method')} (error {r.get('error', 0):.3g})"
+            )
+            out.append(f"  step {r['step']:>4} {r['event']:<9} {r.get('bucket', '')} {what}")
+    per: Dict[Tuple[str, str], list] = {}
+    for r in rows:
+        if r["event"] == "bucket" and "ratio" in r:
+            per.setdefault((r["bucket"], r["method"]), []).append((r["ratio"], r["residual_ratio"]))
+    if per:
+        out.append("per bucket and method: steps, mean compression ratio, mean residual/gradient norm")
+        for (b, m), v in sorted(per.items()):
+            out.append(
+                f"  {b:<28} {m:>7} {len(v):>5} {sum(x for x, _ in v) / len(v):8.1f}x "
+                f"{sum(y for _, y in v) / len(v):8.3f}"
+            )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,246 @@
+"""compression="auto": the per-bucket cost model and decision on synthetic costs (no MPI), the
+metrics log and Prometheus text, the refusals; the multi-rank behaviour (identical decisions,
+escalation on a corrupting codec, the metrics a run writes, recommend) in
+tests/torch_mpi/auto_compression.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+import zcoll
+from mpi_util import case_names, run, script_job
+from zcoll import compression_model as cm
+from zcoll.auto_compression import resolve
+from zcoll.metrics import MetricsLog
+from zcoll.step_model import Link
+
+MIB = 1 << 20
+
+
+def codecs(encode_gbs: float = 4.0):
+    """Synthetic kernel rates: every codec encodes and decodes at encode_gbs GB/s."""
+    rate = 1.0 / (encode_gbs * 1e9)
+    out = {}
+    for m, payload in (
+        ("bf16", 0.5),
+        ("int8", 0.2578),
+        ("int4", 0.1328),
+        ("sign", 0.0352),
+        ("top10%", 0.2),
+        ("top1%", 0.02),
+    ):
+        out[m] = {
+            "encode_s_per_byte": rate,
+            "decode_s_per_byte": rate,
+            "payload_ratio": payload,
+            "exchange": "allgather" if m.startswith("top") else "ring",
+        }
+    return out
+
+
+def model(
+    gbps: float, alpha: float = 50e-6, compressed_alpha: float = 150e-6, ranks: int = 2
+) -> cm.CostModel:
+    link = Link(alpha, 8.0 / (gbps * 1e9), 2.0 * (ranks - 1) / ranks, "none", codecs(), ranks)
+    return cm.CostModel(link, {m: compressed_alpha for m in codecs()} | {"none": alpha})
+
+
+def test_fast_link_stays_uncompressed():
+    # shared memory, ~80 Gbit/s: the kernels cost more than the bytes they save
+    d = cm.decide(model(80.0), [("b0", MIB, 0.0), ("b1", 25 * MIB, 0.0)])
+    assert [x.method for x in d] == ["none", "none"], cm.render(d)
+
+
+def test_slow_link_compresses_large_buckets_only():
+    # 1 Gbit/s: a 25 MiB bucket takes ~0.2 s uncompressed; a 4 KiB one is all per-call cost
+    d = cm.decide(model(1.0), [("small", 4096, 0.0), ("large", 25 * MIB, 0.0)])
+    assert d[0].method == "none", cm.render(d)
+    assert d[1].method not in ("none", "bf16"), cm.render(d)
+    assert d[1].predicted_s < 0.5 * d[1].predicted_none_s
+    # the least lossy within the margin of the fastest
+    fastest = min(d[1].predicted.values())
+    assert d[1].predicted_s <= fastest * 1.05
+    for m in cm.LOSSINESS[: cm.LOSSINESS.index(d[1].method)]:
+        assert d[1].predicted[m] > fastest * 1.05
+
+
+def test_margin_prefers_less_lossy():
+    d = cm.decide(model(1.0), [("large", 25 * MIB, 0.0)], margin=10.0)
+    assert d[0].method == "bf16"  # int8 and beyond are faster, but within 10x bf16 is enough
+
+
+def test_overlap_hides_a_bucket():
+    # bucket 0 is handed over 1 s before the last: its uncompressed time (~0.2 s) is hidden
+    buckets = [("early", 25 * MIB, 0.0), ("late", 25 * MIB, 1.0)]
+    d = cm.decide(model(1.0), buckets)
+    assert d[0].method == "none" and "overlap" in d[0].reason, cm.render(d)
+    assert d[1].method not in ("none", "bf16")
+
+
+def test_deterministic_and_methods_respected():
+    b = [("a", 3 * MIB, 0.0), ("b", 25 * MIB, 0.01), ("c", 100, 0.02)]
+    one = [x.as_dict() for x in cm.decide(model(1.0), b)]
+    two = [x.as_dict() for x in cm.decide(model(1.0), b)]
+    assert one == two
+    only = cm.decide(model(80.0), b, methods=("int8",))
+    assert {x.method for x in only} == {"int8"}  # none is not a candidate unless listed
+
+
+def test_fit_per_method_and_bucket():
+    cal = [
+        (256.0, 256.0, 40e-6),
+        (float(MIB), float(MIB), 40e-6 + MIB * 1e-9),
+        (4.0 * MIB, 4.0 * MIB, 40e-6 + 4 * MIB * 1e-9),
+    ]
+    physics = cm.fit(cal, codecs(), 2)
+    assert physics.link.beta == pytest.approx(1e-9, rel=1e-3)  # least squares over the three sizes
+    assert physics.link.alpha == pytest.approx(40e-6 - 256e-9, rel=1e-3)
+    assert physics.predict("none", MIB) == pytest.approx(physics.link.alpha + MIB * physics.link.beta)
+    # trials: a per-call cost per method plus a per-bucket offset (exactly additive here)
+    alpha = {"none": 1e-4, "int8": 3e-4, "top1%": 5e-4}
+    offset = {"b0": 2e-3, "b1": 0.0, "b2": 5e-4}
+    size = {"b0": MIB, "b1": 4 * MIB, "b2": 2 * MIB}
+    trials = {
+        m: [(k, size[k], a + offset[k] + physics.transfer(m, size[k])) for k in size]
+        for m, a in alpha.items()
+    }
+    m = cm.fit(cal, codecs(), 2, trials)
+    for method, pts in trials.items():
+        for k, n, s in pts:
+            assert m.predict(method, n, k) == pytest.approx(s, rel=1e-9), (method, k)
+    # one wild measurement moves the fit little (medians)
+    trials["int8"][0] = ("b0", MIB, 1.0)
+    m = cm.fit(cal, codecs(), 2, trials)
+    assert m.predict("int8", 4 * MIB, "b1") == pytest.approx(trials["int8"][1][2], rel=0.05)
+
+
+def test_exposed():
+    assert cm.exposed([1.0, 1.0], [0.0, 5.0]) == 1.0  # the first is hidden
+    assert cm.exposed([3.0, 1.0], [0.0, 1.0]) == 3.0  # the second waits for the first
+    assert cm.exposed([], []) == 0.0
+
+
+def test_resolve_and_refusals():
+    assert isinstance(resolve("auto"), zcoll.AutoCompression)
+    with pytest.raises(ValueError, match="'auto'"):
+        resolve("int8")
+    with pytest.raises(ValueError, match="unknown methods"):
+        zcoll.AutoCompression(methods=("int3",))
+    with pytest.raises(ValueError, match="_test_corrupt_fraction"):
+        zcoll.AutoCompression(_test_corrupt_fraction=2.0)
+    c = zcoll.Communicator()
+    for what in ("auto", zcoll.AutoCompression()):
+        with pytest.raises(ValueError, match="DDP hook"):
+            c.allreduce(np.ones(4, np.float32), op="avg", compression=what, key="k")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_log_and_prometheus(tmp_path):
+    port = _free_port()
+    log = MetricsLog(str(tmp_path / "m.jsonl"), port=port)
+    try:
+        log.write("bucket", step=3, bucket="ddp/bucket0/10", ratio=3.9)
+        log.set("zcoll_compression_ratio", 3.9, bucket="ddp/bucket0/10", method="int8")
+        log.add("zcoll_compression_escalations_total", 1, bucket="ddp/bucket0/10")
+        log.add("zcoll_compression_escalations_total", 1, bucket="ddp/bucket0/10")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        log.close()
+    assert 'zcoll_compression_ratio{bucket="ddp/bucket0/10",method="int8"} 3.9' in text
+    assert "# TYPE zcoll_compression_escalations_total counter" in text
+    assert 'zcoll_compression_escalations_total{bucket="ddp/bucket0/10"} 2.0' in text
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert rows[0]["event"] == "bucket" and rows[0]["step"] == 3 and rows[0]["ratio"] == 3.9
+
+
+def test_metrics_port_from_environment():
+    # ZCOLL_METRICS_PORT is in the env table; a bad value is an error naming it
+    code = "import zcoll; print(zcoll._C.env_get('ZCOLL_METRICS_PORT'))"
+    rc, out = run([sys.executable, "-c", code], env={"ZCOLL_METRICS_PORT": "9400"}, timeout=60)
+    assert rc == 0 and out.strip().endswith("9400"), out
+    rc, out = run([sys.executable, "-c", code], env={"ZCOLL_METRICS_PORT": "x"}, timeout=60)
+    assert rc != 0 and "ZCOLL_METRICS_PORT" in out, out
+
+
+@pytest.mark.parametrize("case", case_names("torch_mpi/auto_compression.py"))
+def test_auto_compression_two_ranks(case):
+    script_job("torch_mpi/auto_compression.py", 2).check(case)
+
+
+ON_FOUR = ["decisions_identical_on_every_rank", "corrupting_codec_escalates_within_one_interval"]
+
+
+@pytest.mark.parametrize("case", ON_FOUR)
+def test_auto_compression_four_ranks(case):
+    script_job("torch_mpi/auto_compression.py", 4, *ON_FOUR, timeout=400).check(case)
+
+
+def test_zcoll_report_reads_a_metrics_log(tmp_path):
+    log = MetricsLog(str(tmp_path / "m.jsonl"))
+    log.write(
+        "bucket",
+        step=3,
+        bucket="ddp/bucket0/10",
+        method="int8",
+        ratio=3.9,
+        residual_ratio=0.01,
+        nonfinite=0,
+        seconds=1e-3,
+    )
+    log.write(
+        "decision",
+        step=2,
+        bucket="ddp/bucket0/10",
+        bytes=40,
+        method="int8",
+        reason="the least lossy",
+        predicted_s=1e-3,
+        predicted_gain_s=2e-3,
+        predicted={"none": 3e-3, "int8": 1e-3},
+        measured_trial={"none": 3.1e-3, "int8": 1.1e-3},
+    )
+    log.write(
+        "measured",
+        step=5,
+        measured_s=0.011,
+        predicted_s=0.010,
+        relative=0.1,
+        predicted_gain_s=0.02,
+        measured_gain_s=0.019,
+        per_bucket={"ddp/bucket0/10": [0.012, 0.010]},
+    )
+    log.write(
+        "check",
+        step=5,
+        bucket="ddp/bucket0/10",
+        method="int8",
+        error=0.5,
+        bound=1e-3,
+        step_error=0.6,
+        residual_ratio=0.01,
+    )
+    log.write(
+        "escalate", step=5, bucket="ddp/bucket0/10", method="bf16", previous="int8", error=0.5, bound=1e-3
+    )
+    log.close()
+    rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path)], timeout=120)
+    assert rc == 0, out
+    for want in (
+        "int8: 1.00 / 1.10 (none 3.10)",
+        "median |error| 10.0%",
+        "exact checks, int8: 1, worst relative error 0.5",
+        "escalate  ddp/bucket0/10 int8 -> bf16",
+        "3.9x",
+        "ddp/bucket0/10               predicted vs measured: median |error| 20.0%",
+    ):
+        assert want in out, f"{want!r} not in:\n{out}"
