@@ -1,7 +1,9 @@
 """The C++ tests (tests/cpp): every algorithm of every collective on 1..8 thread-ranks over the
 in-process transport, against plain-loop references. The pip build compiles them into
 `zcoll_cpp_tests` beside the benchmark binaries; here each test group runs as one pytest test
-(under a timeout that kills the process), failing with the program's output.
+(under a timeout that kills the process), failing with the program's output. Where the pip build's
+tree is at hand (build/<wheel tag>, as `./dev.sh` leaves it), a group runs through its CTest test
+(`cpp.<group>`), so CI (`./dev.sh test`) runs the CTest target; elsewhere the installed program.
 
 Without pytest: `zcoll_cpp_tests [PATTERN...]`, or `ctest` in a CMake build directory
 (see CMakeLists.txt).
@@ -10,14 +12,25 @@ Without pytest: `zcoll_cpp_tests [PATTERN...]`, or `ctest` in a CMake build dire
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
 import pytest
-from mpi_util import BIN_DIR, run
+from mpi_util import BIN_DIR, ROOT, run
 
 BINARY = BIN_DIR / "zcoll_cpp_tests"
 TIMEOUT = 300  # seconds per group; the whole program takes 20-60 s on 2 busy cores
-SUMMARY = re.compile(r"^zcoll_cpp_tests: (\d+) tests, (\d+) checks, (\d+) failed checks in (\d+) tests", re.M)
+# ctest -V prefixes each line of a test's output with the test's number
+SUMMARY = re.compile(r"^(?:\d+: )?zcoll_cpp_tests: (\d+) tests, (\d+) checks, (\d+) failed checks in (\d+) tests", re.M)
+CTEST_DIR = next((d for d in sorted(ROOT.glob("build/cp*")) if (d / "CTestTestfile.cmake").exists()), None)
+
+
+def group_command(group: str) -> list:
+    """The group's CTest test in the pip build's tree, or the installed program."""
+    if CTEST_DIR is not None and shutil.which("ctest"):
+        return ["ctest", "--test-dir", str(CTEST_DIR), "-R", f"^cpp\\.{group}$", "-V", "--no-tests=error",
+                "--timeout", str(TIMEOUT)]  # fmt: skip
+    return [str(BINARY), f"{group}.*"]
 
 
 def groups() -> list:
@@ -33,8 +46,9 @@ def test_cpp_group(group):
     assert BINARY.exists(), (
         f"{BINARY} is not installed: the pip build builds it (ZCOLL_BUILD_CPP_TESTS in pyproject.toml)"
     )
-    rc, out = run([BINARY, f"{group}.*"], timeout=TIMEOUT)
-    assert rc == 0, f"zcoll_cpp_tests '{group}.*' exited {rc}:\n{out}"
+    command = group_command(group)
+    rc, out = run(command, timeout=TIMEOUT + 30)
+    assert rc == 0, f"{' '.join(command)} exited {rc}:\n{out}"
     m = SUMMARY.search(out)
     assert m, f"no summary line in the output:\n{out}"
     tests, checks, failed_checks, failed_tests = map(int, m.groups())
