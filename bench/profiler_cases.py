@@ -141,11 +141,14 @@ def interleaved(args, root, kind, base, follow, accumulation):
     return a_dir, pb.analysis
 
 
-def predicted_for(a_dir, s):
+def interleaved_base(a_dir, s):
+    """The base model's step time in the interleaved blocks, and the suggested setting's step
+    time predicted from those same steps."""
     from zcoll import step_report, trace
 
     (a,) = step_report.analyze(trace.load(a_dir), warmup=1)
-    return a.predict(bucket_cap_mb=s["bucket_cap_mb"], method=s.get("method"), accumulation=s.get("steps"))
+    predicted = a.predict(bucket_cap_mb=s["bucket_cap_mb"], method=s.get("method"), accumulation=s.get("steps"))
+    return a.measured(), predicted
 
 
 def say(msg):
@@ -193,12 +196,12 @@ def main(argv=None):
             raise RuntimeError(f"the {kind} run could not be analysed: {b['error']}")
         measured = b.get("micro_batch_s", b["step_s"]) if kind == "accumulation" else b["step_s"]
         if dist.get_rank() == 0:
-            predicted = predicted_for(a_dir, s)
+            base_s, predicted = interleaved_base(a_dir, s)
             err = measured / predicted - 1
             say(
                 f"  followed {kind} ({s['text'][:80]}): measured {measured * 1e3:.2f} ms, predicted "
-                f"{predicted * 1e3:.2f} ms from the interleaved base steps ({err:+.1%}); first prediction "
-                f"{s['predicted_s'] * 1e3:.2f} ms"
+                f"{predicted * 1e3:.2f} ms from the interleaved base steps ({err:+.1%}), which took "
+                f"{base_s * 1e3:.2f} ms ({base_s / measured:.2f}x); first prediction {s['predicted_s'] * 1e3:.2f} ms"
             )
             result["follow"].append(
                 {
@@ -206,6 +209,7 @@ def main(argv=None):
                     "suggestion": s,
                     "measured_s": measured,
                     "predicted_s": predicted,
+                    "base_s": base_s,
                     "error": err,
                     "verdict": b["verdict"],
                 }

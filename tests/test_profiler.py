@@ -420,19 +420,22 @@ def test_constructed_case_verdict(tmp_path_factory, case, verdict):
 )
 def test_suggestion_followed_makes_the_step_faster(tmp_path_factory, case, kind):
     """The suggested setting, run in alternating blocks with the profiled one, is measured and is
-    faster than the profiled step; its error against the model's prediction is printed."""
+    faster than the profiled setting in those same blocks (not than the first, separate profile:
+    CI's runner once ran the interleaved blocks 40% slower than that); its error against the
+    model's prediction is printed."""
     r, load = profiler_case(tmp_path_factory, case)
     f = next(f for f in r["follow"] if f["kind"] == kind)
     assert f["suggestion"], f"no {kind} suggestion: {r['suggestions']}"
     text = (
         f"followed {f['suggestion']['text']}: measured {f['measured_s'] * 1e3:.2f} ms, predicted "
-        f"{f['predicted_s'] * 1e3:.2f} ms ({f['error']:+.1%}); the profiled setting {r['step_s'] * 1e3:.2f} ms"
+        f"{f['predicted_s'] * 1e3:.2f} ms ({f['error']:+.1%}); the profiled setting in the same blocks "
+        f"{f['base_s'] * 1e3:.2f} ms (profiled alone first: {r['step_s'] * 1e3:.2f} ms)"
     )
     print("\n" + text)
     assert f["measured_s"] > 0 and f["predicted_s"] > 0, text
-    if load > BUSY_LOAD and f["measured_s"] >= r["step_s"]:
+    if load > BUSY_LOAD and f["measured_s"] >= f["base_s"]:
         pytest.skip(f"{text}; not judged: load average {load:.1f} per core while it ran (other jobs)")
-    assert f["measured_s"] < r["step_s"], text
+    assert f["measured_s"] < f["base_s"], text
 
 
 def test_a_model_without_enough_steps_is_left_out_not_fatal():
