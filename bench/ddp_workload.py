@@ -186,10 +186,8 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=10)),
         # the guard alone (one method, escalated when its sampled error grows): its overhead
         # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
-        Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _auto("sign", methods=["sign"])),
-        Config(
-            "zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _auto("top1", methods=["top1%"])
-        ),
+        Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _guarded("sign")),
+        Config("zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _guarded("top1%")),
     ]
 }
 AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
@@ -204,6 +202,13 @@ def _auto(name: str, **options: Any) -> Any:
     if AUTO_METRICS_DIR:
         path = os.path.join(AUTO_METRICS_DIR, f"zcoll-guard-{name}-{os.getpid()}.jsonl")
     return _zcoll().AutoCompression(metrics_path=path, **options)
+
+
+def _guarded(method: str) -> Any:
+    """One method under the guard, with the calibrated residual bound (escalated to int4 and on
+    while error feedback owes more than a gradient)."""
+    bound = _zcoll().auto_compression.RESIDUAL_BOUND
+    return _auto(method.rstrip("%"), methods=[method], residual_bound=bound)
 
 
 POWERSGD_RANK = 4  # matrix_approximation_rank of the PowerSGD hook (the baseline's)

@@ -140,6 +140,33 @@ def rss_bytes(trim: bool = False) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def heap_in_use() -> dict | None:
+    """Where resident memory is: malloc's bytes handed out and not had back (mallinfo2, every
+    arena, glibc 2.33+: in-use heap chunks, and blocks mmapped on their own), the free bytes
+    its heaps keep, and the kernel's split of RSS (anonymous, shared memory, files). A leak
+    grows what is in use; fragmentation grows the heaps' free bytes; memory mapped outside
+    malloc grows the RSS split alone."""
+    out = {}
+    fn = getattr(LIBC, "mallinfo2", None)
+    if fn is not None:
+        fn.restype = _Mallinfo2
+        m = fn()
+        out = {"malloc heap in use": m.uordblks, "malloc mmapped": m.hblkhd, "malloc heap free": m.fordblks}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon", "RssShmem", "RssFile")):
+                name, kib = line.split()[:2]
+                out[name.rstrip(":")] = int(kib) * 1024
+    return out
+
+
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")  # one write per line: hydra prefixes each chunk it reads
     sys.stdout.flush()
@@ -638,6 +665,7 @@ def main(argv=None) -> int:
     grew: dict[str, int] = {}  # RSS change (bytes) during the calls of each label, after the baseline
     wrong, shown = 0, 0
     rss_base: int | None = rss_bytes(trim=True) if o.baseline == 0 else None
+    heap_base = heap_in_use()
     start = last_progress = time.monotonic()
     done = 0
     while done < o.collectives:
@@ -664,14 +692,16 @@ def main(argv=None) -> int:
                     say(f"soak WRONG rank {rank}: {c.describe()}: {problem}")
         done += 1
         if done == o.baseline:
-            rss_base = rss_bytes(trim=True)
+            rss_base, heap_base = rss_bytes(trim=True), heap_in_use()
         now = time.monotonic()
         if rank == 0 and now - last_progress >= o.progress:
             last_progress = now
             grown = (
                 ""
                 if rss_base is None
-                else f" ({(rss_bytes(trim=True) - rss_base) / 2**20:+.2f} MiB since call {o.baseline})"
+                else f" ({(rss_bytes(trim=True) - rss_base) / 2**20:+.2f} MiB since call {o.baseline}"
+                + heap_change({"heap_base": heap_base, "heap_end": heap_in_use()})
+                + ")"
             )
             rss = rss_bytes() / 2**20
             say(
@@ -679,17 +709,26 @@ def main(argv=None) -> int:
                 f"rss {rss:.1f} MiB{grown}, wrong {wrong}"
             )
     elapsed = time.monotonic() - start
-    rss_end = rss_bytes(trim=True)
+    rss_end, heap_end = rss_bytes(trim=True), heap_in_use()
     for t in targets:
         t.free()
     if with_torch:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    mine = {"wrong": wrong, "counts": counts, "rss_base": rss_base, "rss_end": rss_end, "grew": grew}
+    mine = {"wrong": wrong, "counts": counts, "rss_base": rss_base, "rss_end": rss_end, "grew": grew,
+            "heap_base": heap_base, "heap_end": heap_end}
     everyone = WORLD.gather(mine, root=0)
     failed = report(o, everyone, done, elapsed) if rank == 0 else False
     return int(WORLD.bcast(failed, root=0))
+
+
+def heap_change(r: dict) -> str:
+    """The change of each of heap_in_use()'s figures over the same calls."""
+    if r["heap_base"] is None or r["heap_end"] is None:
+        return ""
+    parts = [f"{k} {(r['heap_end'][k] - r['heap_base'][k]) / 2**20:+.2f}" for k in r["heap_end"] if k in r["heap_base"]]
+    return "; " + ", ".join(parts) + " MiB"
 
 
 def report(o: argparse.Namespace, everyone: list, done: int, elapsed: float) -> bool:
@@ -716,6 +755,7 @@ def report(o: argparse.Namespace, everyone: list, done: int, elapsed: float) -> 
             f"{r['rss_end'] / 2**20:.2f} MiB at the end ({growth[-1]:+.2f} MiB"
             + (f"; most during {during}" if during else "")
             + ")"
+            + heap_change(r)
         )
     worst = max(growth) if growth else 0.0
     failed = wrong > 0 or worst > o.rss_limit

@@ -10,6 +10,10 @@ the script prints one table row per configuration and saves the loss curves:
 - ``int8``, ``int4``, ``sign``, ``top1%``: zcoll with a compression hook, error feedback on
                     (``zcoll.GradientQuantizer(bits=8|4|1)``, ``zcoll.TopK(0.01)``), the first
                     10% of the updates uncompressed, then momentum correction (docs/compression.md)
+- ``guarded-sign``, ``guarded-top1%``: the same method under ``zcoll.AutoCompression``'s guard
+                    (sampled exact checks every --check-every updates, escalation to int4 and on
+                    while error feedback owes more than --residual-bound gradients, back down
+                    after calm checks); bytes leave out its one-time calibration
 - ``accum4``        zcoll, ``zcoll.torch.optim.Adam(gradient_accumulation_steps=4, model=ddp)``:
                     4 micro-batches of a quarter of the batch per update, one allreduce per update
 - ``accum4-every``  the same without ``model=``: the same updates, but every backward communicates
@@ -54,7 +58,8 @@ COMPRESSORS = {
     "sign": lambda: zcoll.GradientQuantizer(bits=1, error_feedback=True),
     "top1%": lambda: zcoll.TopK(ratio=0.01, error_feedback=True),
 }
-CONFIGS = ["gloo", "zcoll", *COMPRESSORS, "accum4", "accum4-every"]
+GUARDED = {"guarded-sign": "sign", "guarded-top1%": "top1%"}  # zcoll.AutoCompression, one method
+CONFIGS = ["gloo", "zcoll", *COMPRESSORS, *GUARDED, "accum4", "accum4-every"]
 
 
 def options():
@@ -75,6 +80,14 @@ def options():
         help="save and resume checkpoints here (default: ZCOLL_CHECKPOINT_DIR, set by `zcoll run`)",
     )
     p.add_argument("--checkpoint-every", type=int, default=20, help="updates between checkpoints")
+    p.add_argument(
+        "--residual-bound",
+        type=float,
+        default=zcoll.auto_compression.RESIDUAL_BOUND,
+        help="the guarded configurations' residual-to-gradient bound (default %(default)s; 0: off)",
+    )
+    p.add_argument("--check-every", type=int, default=10, help="updates between the guard's checks")
+    p.add_argument("--guard-log", default=None, help="directory for the guarded configurations' JSON-lines logs")
     p.add_argument("--kill-rank", type=int, default=None, help="fault injection: the rank to kill")
     p.add_argument("--kill-at-step", type=int, default=0, help="fault injection: after this update")
     return p.parse_args()
@@ -149,6 +162,18 @@ class Progress:
             print(f"# {name}: resumed from {where})", flush=True)
 
 
+def guarded(args, name):
+    """The method under the guard: escalated (sign/top-k -> int4 -> int8 ...) when its sampled
+    error, or its residual-to-gradient ratio, passes the bound; stepped back after calm checks."""
+    log = os.path.join(args.guard_log, f"{name}.jsonl") if args.guard_log else None
+    return zcoll.AutoCompression(
+        methods=[GUARDED[name]],
+        check_every=args.check_every,
+        residual_bound=args.residual_bound or None,
+        metrics_path=log,
+    )
+
+
 def train(name, args, world, groups, data):
     xtr, ytr, xte, yte = data
     rank, size = world.rank, world.size
@@ -162,9 +187,10 @@ def train(name, args, world, groups, data):
         model=model if name == "accum4" else None,
     )
     compression = None
-    if name in COMPRESSORS:  # the first 10% of the updates uncompressed, then momentum correction
+    if name in COMPRESSORS or name in GUARDED:  # the first 10% of the updates uncompressed, then momentum correction
         warmup = max(1, args.epochs * (len(xtr) // (args.batch * size)) // 10)
-        compression = zcoll.torch.apply_gradient_compression(model, COMPRESSORS[name](), warmup, optimizer=opt)
+        compressor = COMPRESSORS[name]() if name in COMPRESSORS else guarded(args, name)
+        compression = zcoll.torch.apply_gradient_compression(model, compressor, warmup, optimizer=opt)
     ckpt = Path(args.checkpoint_dir, name) if args.checkpoint_dir else None
     state = {"model": model, "optimizer": opt, "compression_state": compression}
     run = Progress()
@@ -176,7 +202,10 @@ def train(name, args, world, groups, data):
         comm.reset_stats()
     global_batch = args.batch * size
     rows = args.batch // micro
-    sent = lambda: run.sent + (comm.stats()["bytes_sent"] if comm else 0)  # noqa: E731
+    # bytes the gradients took: less AutoCompression's one-time calibration (its uncompressed
+    # allreduces of 256 B, 1 MiB and 4 MiB), which a longer run spreads over more updates
+    calibration = lambda: getattr(compression and compression.compressor, "calibration_bytes", 0)  # noqa: E731
+    sent = lambda: run.sent + (comm.stats()["bytes_sent"] - calibration() if comm else 0)  # noqa: E731
     for epoch in range(run.epoch, args.epochs):
         run.epoch = epoch
         order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
@@ -206,6 +235,8 @@ def train(name, args, world, groups, data):
     with torch.no_grad():
         acc = (model.module(xte).argmax(1) == yte).float().mean().item()
     params = torch.cat([q.detach().reshape(-1) for q in model.module.parameters()])
+    used = getattr(compression and compression.compressor, "calls_by_method", None)
+    guard_s = getattr(compression and compression.compressor, "guard_seconds", None)
     return {
         "name": name,
         "acc": acc,
@@ -216,6 +247,8 @@ def train(name, args, world, groups, data):
         "losses": run.losses,
         "params": params,
         "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
+        "methods": dict(used) if used else None,
+        "guard_ms": None if guard_s is None else world.allreduce(guard_s, op=_max()) / run.updates * 1e3,
     }
 
 
@@ -281,6 +314,13 @@ def main():
             f"{r['name']:<13} {r['acc']:>8.2%} {r['updates']:>7} {fmt_bytes(r['per_update']):>13} "
             f"{fmt_bytes(r['per_backward']):>15} {r['ms']:>9.2f} {dist_to_gloo:>14} {r['digest']:>12}"
         )
+    for r in results:
+        if r["methods"]:  # the guard: how many bucket calls each method carried (after the warm-up)
+            calls = ", ".join(f"{m} {n}" for m, n in sorted(r["methods"].items(), key=lambda kv: -kv[1]))
+            say(
+                f"{r['name']}: bucket calls by method: {calls}; the guard's own time {r['guard_ms']:.3f} ms "
+                f"per update ({r['guard_ms'] / r['ms']:.1%} of it); bytes exclude the one-time calibration"
+            )
     if world.rank == 0 and results:
         plot(results, args.png, f"digits, DDP on {world.size} ranks")
         say(f"\nloss curves: {args.png}; every rank held identical parameters after every update")

@@ -58,6 +58,15 @@ from .metrics import MetricsLog
 # rounding (0 to ~1e-7 on 2 and 4 ranks, every method); anything near 1e-3 is lost mass.
 DEFAULT_BOUND = 1e-3
 
+# A residual-to-gradient norm ratio above this means error feedback owes more than a whole
+# gradient: updates arrive more than a step late on average. Measured on the digits MLP (2 ranks,
+# the guard's checks every 10 steps): int8 0.02 (max 0.03), int4 0.3 (max 0.6), sign 3-16,
+# top-1% 6-10: the bound separates the methods that keep up from those that carry a debt. Off
+# by default (residual_bound=None): escalating sign or top-k to int4 trades their speed for
+# accuracy, which the caller chooses (the guarded configurations of examples/train_digits.py and
+# bench/ddp_step.py pass it).
+RESIDUAL_BOUND = 1.0
+
 
 def resolve(compression: Any) -> Any:
     """The one place the string "auto" becomes an AutoCompression."""
@@ -89,7 +98,8 @@ class AutoCompression:
     guard: the per-step metrics and exact checks; check_every: steps between exact checks (and
     drift checks); sample: elements per bucket in a check; bound: relative error lost beyond
     error feedback that escalates (DEFAULT_BOUND); residual_bound: a residual-to-gradient norm
-    ratio (the ranks' mean at a check) that escalates too (None: off; not calibrated yet);
+    ratio (the ranks' mean at a check) that escalates too (None: off; RESIDUAL_BOUND, 1.0,
+    is the calibrated one);
     calm_checks: quiet checks before stepping back down; drift: relative drift of measured from
     predicted communication time that re-decides (at two checks in a row; 0.5: the noise of a
     shared machine stays below it); diagnose_every: steps between link
@@ -158,6 +168,10 @@ class AutoCompression:
         self._pending: Dict[str, np.ndarray] = {}  # residuals of keys sent uncompressed
         self.model: Optional[cm.CostModel] = None
         self._calibration: Optional[List[Tuple[float, float, float]]] = None
+        self.calibration_bytes = 0  # what this rank sent calibrating (comm.stats()'s bytes_sent)
+        self.calls_by_method: Dict[str, int] = {}  # bucket calls per method (trials, escalations)
+        self.guard_seconds = 0.0  # the guard's own time, summed at each check (guard_cost events)
+        self._guard_s, self._guard_since = 0.0, None  # since: the step of the first call
         self._codecs: Dict[str, Dict[str, Any]] = {}
         self.decisions: Dict[str, cm.Decision] = {}
         self.path: Dict[str, List[str]] = {}  # key -> [decided method, escalations...]; last = in use
@@ -254,6 +268,10 @@ class AutoCompression:
         x = _array(buf)
         if self._calibration is None:
             self._calibrate(comm)
+        if self.decided_step is None and step >= self.trial_start + self.trial_steps:
+            # undecided with the trial steps behind: the hook began compressing after them (its
+            # warm-up steps send uncompressed without calling here), so the trials start now
+            self.trial_start = step
         if self._step_ready0 is None:
             self._step_ready0 = ready
         self._step_keys.append(key)
@@ -262,6 +280,10 @@ class AutoCompression:
         if self.decided_step is not None and key not in self.path and not self.in_trials(step):
             self._switch_path(key, [method])  # a new bucket (DDP rebuilt them): the model's choice
         self._switch(key, method, x)
+        self.calls_by_method[method] = self.calls_by_method.get(method, 0) + 1
+        if self._guard_since is None:
+            self._guard_since = step
+        g0 = time.perf_counter()
         checking = self.guard and method != "none" and self._check_step(step)
         idx = self._sample_indices(key, step, x.size) if checking else None
         grad = x[idx] if checking else None  # this rank's gradient there (a copy: the call is in place)
@@ -270,6 +292,7 @@ class AutoCompression:
         fixed = self._fixed_indices(key, x.size) if watched else None
         sampled = x[fixed] if watched else None  # for the residual-to-gradient ratio
         t0 = time.perf_counter()
+        self._guard_s += t0 - g0
         if method == "none":
             out = comm.allreduce(buf, op="avg", out=buf)
             stats = None
@@ -289,12 +312,14 @@ class AutoCompression:
         if self._test_corrupt_fraction and method != "none":
             self._corrupt(y, key, step)
         self._record(key, method, step, seconds, ready)
+        g1 = time.perf_counter()
         if watched:
             self._metrics(key, method, step, fixed, sampled, stats, seconds)
         if checking:
             meant -= self._residual_at(key, idx)
             both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
             self._check.append((key, method, both, y[idx].copy()))
+        self._guard_s += time.perf_counter() - g1
         if last:
             self._end_step(comm, step)
         return out
@@ -387,18 +412,33 @@ class AutoCompression:
         self._last_end = now
         if step == self.trial_start + self.trial_steps - 1:
             self._decide(comm, keys, step)
-        elif self._check:
+        elif self._check or self._check_step(step):  # (nothing compressed: still the drift check)
+            guarded = bool(self._check)
+            t0 = time.perf_counter()
             self._run_check(comm, step)
-        elif self._check_step(step):  # nothing compressed this step: still the drift check
-            self._run_check(comm, step)
+            if guarded:  # the exact check's allreduce and verdicts are the guard's too
+                self._guard_s += time.perf_counter() - t0
+                self._log_guard_cost(step)
         if self.diagnose_every and self.decided_step is not None and step % self.diagnose_every == 0:
             label = str(comm.diagnose().label)
             if self._verdict is not None and label != self._verdict:
                 self._redecide(step, f"the link verdict changed from {self._verdict} to {label}")
             self._verdict = label
 
+    def _log_guard_cost(self, step: int) -> None:
+        """The guard's own time (sampling, metrics, the exact check) per step since the last
+        check: its overhead, measured where it is spent rather than as a difference of two
+        noisy step times."""
+        steps = step - self._guard_since
+        if steps > 0:
+            self._log("guard_cost", step=step, steps=steps, seconds=self._guard_s, per_step_s=self._guard_s / steps)
+        self.guard_seconds += self._guard_s
+        self._guard_s, self._guard_since = 0.0, step
+
     def _calibrate(self, comm: Any) -> None:
+        sent = comm.stats()["bytes_sent"]
         self._calibration, self._codecs = calibrate(comm, cm.with_escalations(self.methods))
+        self.calibration_bytes = comm.stats()["bytes_sent"] - sent  # once per run: 5 MiB a rank, 4 times
         self.model = cm.fit(self._calibration, self._codecs, comm.size)
 
     def _decide(self, comm: Any, keys: List[str], step: int) -> None:
@@ -516,7 +556,7 @@ class AutoCompression:
                 per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
             )
             self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
-            if self._drifted >= 2:
+            if self._drifted >= 2 and len(self.methods) > 1:  # one method: nothing to choose again
                 self._redecide(
                     step,
                     f"measured communication {measured * 1e3:.1f} ms vs predicted "

@@ -52,10 +52,11 @@ def step(model, opt, i):
     opt.step()
 
 
-def train(auto, steps, model=None):
-    """(model, state) after `steps` steps with the hook and `auto`; several buckets (small caps)."""
+def train(auto, steps, model=None, warmup=0):
+    """(model, state) after `steps` steps with the hook and `auto` (after `warmup` uncompressed
+    steps); several buckets (small caps)."""
     model = model or DDP(net(), bucket_cap_mb=0.1)
-    state = zcoll.torch.apply_gradient_compression(model, auto)
+    state = zcoll.torch.apply_gradient_compression(model, auto, warmup)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i in range(steps):
         step(model, opt, i)
@@ -158,6 +159,35 @@ def case_residual_bound_escalates(ck: Checks):
         len(up) == len(auto.path) and all(e["method"] == "int4" and e["step"] == 4 for e in up),
         "sign -> int4 at the first check",
         f"{up} {events(auto, 'check')}",
+    )
+
+
+def case_trials_start_after_the_hooks_warmup(ck: Checks):
+    # the hook's warm-up steps send uncompressed without calling auto; its trials were once
+    # scheduled from step 1 only, so after a warm-up longer than them it never decided
+    auto = zcoll.AutoCompression(methods=("int8", "sign"), trial_repeats=2, check_every=2, drift=math.inf)
+    train(auto, 10, warmup=5)  # trials at steps 5-8; the decision runs from step 9
+    ck.check(auto.decided_step == 9, "decided after the trial steps that follow the warm-up", str(auto.report()))
+    ck.check(
+        sum(auto.calls_by_method.values()) == 5 * len(auto.path) and auto.calls_by_method.get("none", 0) == 0,
+        "every bucket call after the warm-up went compressed (trials, then the decision)",
+        str(auto.calls_by_method),
+    )
+
+
+def case_guard_times_itself(ck: Checks):
+    auto = zcoll.AutoCompression(methods=("int8",), trial_repeats=2, check_every=2, drift=math.inf)
+    train(auto, 9)  # decided at 3, checks at 4, 6, 8
+    cost = events(auto, "guard_cost")
+    ck.check(
+        [e["step"] for e in cost] == [4, 6, 8] and all(e["per_step_s"] > 0 for e in cost),
+        "a guard_cost event at every check, with the guard's own seconds per step",
+        str(cost),
+    )
+    ck.check(
+        auto.guard_seconds == sum(e["seconds"] for e in cost) and sum(e["steps"] for e in cost) == 8,
+        "guard_seconds sums them; the steps since the first call are covered once",
+        f"{auto.guard_seconds} {cost}",
     )
 
 
