@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 import zcoll
+from error_bounds import error_bound
 from mpi4py import MPI
 
 try:
@@ -427,36 +428,6 @@ def mismatch(got: np.ndarray, want: np.ndarray, c: Call) -> str | None:
     i = bad[0]
     g, w = got.reshape(-1)[i], want.reshape(-1)[i]
     return f"{bad.size} of {ok.size} elements wrong; at {i}: got {g!r}, expected {w!r}"
-
-
-def error_bound(comp: Any, xs: list[np.ndarray], exact: np.ndarray, op: str) -> np.ndarray:
-    """The compressor's documented per-element bound on |result - exact| (docs/algorithms.md)."""
-    p, n = len(xs), exact.size
-    M = np.sum([np.abs(x) for x in xs], axis=0)
-    if isinstance(comp, zcoll.GradientQuantizer):
-        nb = -(-n // comp.block)
-        A = np.zeros(n)
-        for x in xs:
-            pad = np.zeros(nb * comp.block)
-            pad[:n] = np.abs(x)
-            A += np.repeat(pad.reshape(nb, comp.block).max(axis=1), comp.block)[:n]
-        q = 127 if comp.bits == 8 else 7
-        k = 1.0 if comp.bits == 1 else (1.0 if comp.stochastic else 0.5) / q
-        b = p * A * k + p * M * 2.0**-20 + p * 2.0**-149
-    elif isinstance(comp, zcoll.HalfPrecision):
-        u = 2.0**-11 if comp.fmt == "fp16" else 2.0**-8
-        b = M * ((1 + u) ** p - 1) + p * M * 2.0**-20 + (p * 2.0**-25 if comp.fmt == "fp16" else 0)
-    else:
-        if isinstance(comp, zcoll.TopK):  # per segment: sum over ranks of its k_j-th largest |x|
-            A = np.zeros(n)
-            for lo, hi, k in comp.segments(n):
-                A[lo:hi] = sum(np.partition(np.abs(x[lo:hi]), hi - lo - k)[hi - lo - k] for x in xs)
-        elif isinstance(comp, zcoll.Threshold):
-            A = p * comp.value
-        else:
-            A = M
-        b = A + p * M * 2.0**-23
-    return b / p if op == "avg" else b
 
 
 def digest(y: Any) -> bytes:

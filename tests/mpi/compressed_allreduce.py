@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from harness import WORLD, Checks, run_cases  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+from error_bounds import error_bound  # noqa: E402
+
 # isort: split
 import numpy as np
 import torch
@@ -77,38 +80,6 @@ def raw_bytes(y):
     return (y.view(torch.int16).numpy() if isinstance(y, torch.Tensor) else y).tobytes()
 
 
-def bound(name, c, xs, exact, op):
-    """The bound of compression.h / docs/algorithms.md, per element."""
-    n = exact.size
-    if n == 0:
-        return exact
-    M = np.sum([np.abs(x) for x in xs], axis=0)
-    if isinstance(c, zcoll.GradientQuantizer):
-        nb = -(-n // c.block)
-        A = np.zeros(n)
-        for x in xs:
-            pad = np.zeros(nb * c.block)
-            pad[:n] = np.abs(x)
-            A += np.repeat(pad.reshape(nb, c.block).max(axis=1), c.block)[:n]
-        q = 127 if c.bits == 8 else 7
-        k = 1.0 if c.bits == 1 else (1.0 if c.stochastic else 0.5) / q
-        b = p * A * k + p * M * 2.0**-20 + p * 2.0**-149
-    elif isinstance(c, zcoll.HalfPrecision):
-        u = 2.0**-11 if c.fmt == "fp16" else 2.0**-8
-        b = M * ((1 + u) ** p - 1) + p * M * 2.0**-20 + (p * 2.0**-25 if c.fmt == "fp16" else 0)
-    else:
-        if isinstance(c, zcoll.TopK):  # per segment: sum over ranks of its k_j-th largest |x|
-            A = np.zeros(n)
-            for lo, hi, k in c.segments(n):
-                A[lo:hi] = sum(np.sort(np.abs(x[lo:hi]))[::-1][k - 1] for x in xs)
-        elif isinstance(c, zcoll.Threshold):
-            A = p * c.value
-        else:
-            A = M
-        b = A + p * M * 2.0**-23
-    return b / p if op == "avg" else b
-
-
 def check(ck: Checks, name, dtype, n, op, seg, in_place, depth=0):
     what = f"{name} {dtype} n={n} {op} seg={seg} depth={depth}{' in place' if in_place else ''}"
     c = COMPRESSORS[name]()
@@ -121,7 +92,7 @@ def check(ck: Checks, name, dtype, n, op, seg, in_place, depth=0):
     ck.check((y is x) == in_place, what, f"returned its input: {y is x}")
     ck.same_on_all_ranks(what, raw_bytes(y))
     err = np.abs(as_f64(y) - exact)
-    allowed = bound(name, c, xs, exact, op) + np.abs(exact) * U[dtype]
+    allowed = error_bound(c, xs, exact, op) + np.abs(exact) * U[dtype]
     bad = np.flatnonzero(~(err <= allowed))
     outside = "" if bad.size == 0 else f"first {bad[0]}: err {err[bad[0]]} > {allowed[bad[0]]}"
     ck.check(bad.size == 0, what, f"{bad.size} elements outside the bound, {outside}")
