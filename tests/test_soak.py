@@ -103,3 +103,15 @@ def test_inputs_reduce_exactly_in_any_order(p, dtype, op):
     forward, backward = reduce_in(dtype, xs, op), reduce_in(dtype, xs[::-1], op)
     assert np.array_equal(forward, backward)
     assert np.array_equal(forward, soak.reduce_exact(c, xs))
+
+
+def test_checker_allows_rounding_to_a_float16_subnormal():
+    """A float16 result is rounded by up to half a subnormal spacing (2^-25) below the normal
+    range, whatever its relative error (the soak once flagged 1.07e-8 rounded to 0)."""
+    comp = zcoll.HalfPrecision("bf16")
+    xs = [np.array([1.07e-8, 3.0e-7])]
+    y = np.array(xs[0], np.float16).astype(np.float64)  # 0 and the nearest multiple of 2^-24
+    assert soak.beyond_bound(y, xs, comp, "sum", "float16") is None
+    off = y.copy()
+    off[1] += 2.0**-23  # two subnormal steps away: beyond
+    assert "1 of 2 elements beyond the error bound; at 1" in soak.beyond_bound(off, xs, comp, "sum", "float16")
