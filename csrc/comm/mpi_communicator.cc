@@ -326,6 +326,19 @@ void MpiCommunicator::free() {
   ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
 }
 
+namespace {
+// Reads one byte of every page of every rank's data region, so that this process maps them.
+void touch_pages(const SharedArena& arena, std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  unsigned char sum = 0;
+  for (std::size_t r = 0; r < arena.regions.size(); ++r) {
+    const volatile unsigned char* data = arena.data(static_cast<int>(r));
+    for (std::size_t at = 0; at < bytes; at += page) sum ^= data[at];
+  }
+  static_cast<void>(sum);
+}
+}  // namespace
+
 SharedArena* MpiCommunicator::shared_arena() {
   if (!has_shared_arena()) return nullptr;
   if (arena_window_ != MPI_WIN_NULL) return &arena_;
@@ -355,7 +368,13 @@ SharedArena* MpiCommunicator::shared_arena() {
   arena_.watchdog = &watchdog_;
   // Zero this rank's flags, then make sure every rank has done so before anyone polls them.
   for (int f = 0; f < kSharedFlags; ++f) new (&arena_.flags(rank_)[f]) SharedFlag();
+  // Fault the whole arena in now: the owner writes its region (first touch places the pages on
+  // its NUMA node), then every process maps every region's pages. Otherwise each page becomes
+  // resident the first time a call's size and layout reach it, and RSS creeps up for thousands
+  // of calls (the soak measured +2.4 MiB of shared memory after its first 1,000 calls).
+  std::memset(arena_.data(rank_), 0, data_bytes);
   ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
+  touch_pages(arena_, data_bytes);
   return &arena_;
 }
 
