@@ -244,3 +244,16 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         "ddp/bucket0/10               predicted vs measured: median |error| 20.0%",
     ):
         assert want in out, f"{want!r} not in:\n{out}"
+
+
+def test_guard_overhead_bench_runs():
+    """bench/guard_overhead.py in short: both models train in A B B A blocks and it prints the
+    overhead and the guard's own time (the figures are measurements, not judged here)."""
+    from mpi_util import ROOT, python_mpirun
+
+    bench = ROOT / "bench" / "guard_overhead.py"
+    rc, out = run([sys.executable, str(bench), "--help"], timeout=60)
+    assert rc == 0 and "A B B A" in out, out
+    rc, out = python_mpirun(2, bench, "--blocks", "2", "--block", "3", "--model", "cnn", timeout=300)
+    assert rc == 0, out
+    assert "cnn, sign, 2 ranks, 4 + 4 timed steps" in out and "overhead" in out and "the guard's own time" in out, out

@@ -337,7 +337,9 @@ class AutoCompression:
 
     def _sample_indices(self, key: str, step: int, n: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, zlib.crc32(key.encode()), step])
-        return np.unique(rng.integers(0, n, size=min(n, self.sample)))  # O(sample), sorted
+        drawn = np.sort(rng.integers(0, n, size=min(n, self.sample)))  # O(sample)
+        # sorted and without repeats; np.unique took 0.6 ms for 4096 indices (sorting is 30 us)
+        return drawn[np.concatenate(([True], drawn[1:] != drawn[:-1]))] if drawn.size else drawn
 
     def _corrupt(self, y: np.ndarray, key: str, step: int) -> None:
         rng = np.random.default_rng([self.seed + 1, zlib.crc32(key.encode()), step])
@@ -361,10 +363,18 @@ class AutoCompression:
             per[1] += self.model.predict(method, self._nbytes[key], key)
 
     def _fixed_indices(self, key: str, n: int) -> np.ndarray:
-        """The `sample` indices of a bucket of n elements its residual ratio is estimated on."""
+        """The `sample` indices of a bucket of n elements its residual ratio is estimated on
+        every step: 16 runs of consecutive elements spread evenly over the bucket (so every
+        layer of it is represented). Not scattered: 4096 scattered reads of a residual that
+        backward has pushed out of the cache cost ~0.25 ms per bucket (measured on the 2.18M
+        MLP); 16 runs cost a few microseconds."""
         idx = self._fixed.get(key)
         if idx is None or (idx.size and idx[-1] >= n):
-            idx = self._fixed[key] = self._sample_indices(key, 0xFFFFFFFF, n)  # no step uses this seed
+            runs = 16
+            length = max(1, min(n, self.sample) // runs)
+            starts = np.unique(np.linspace(0, max(n - length, 0), runs).astype(np.int64))
+            idx = np.unique((starts[:, None] + np.arange(length)[None, :]).reshape(-1))
+            self._fixed[key] = idx
         return idx
 
     def _metrics(
@@ -374,8 +384,9 @@ class AutoCompression:
         `sample` fixed indices (grad: the gradient there; full norms would cost ~1% of a small
         step)."""
         e = self.residual(key)
-        g = float(np.linalg.norm(grad))
-        r = float(np.linalg.norm(e.reshape(-1)[idx])) / g if e is not None and g > 0 else 0.0
+        g = math.sqrt(float(np.dot(grad, grad)))  # np.linalg.norm's checks cost more than the sum
+        kept = e.reshape(-1)[idx] if e is not None else None
+        r = math.sqrt(float(np.dot(kept, kept))) / g if kept is not None and g > 0 else 0.0
         self._residual_ratio[key] = r
         ratio = stats.ratio if stats is not None else 1.0
         m = self.metrics

@@ -48,9 +48,13 @@ class MetricsLog:
         self.server = _serve(self, port + rank) if port else None
 
     def write(self, event: str, **fields: Any) -> None:
+        """One JSON line; flushed at once, except the per-step "bucket" lines, which go out with
+        the next other event (a check, every check_every steps) or at close: a write call per
+        bucket and step cost ~0.1 ms on the hook's worker."""
         if self._file is not None:
             self._file.write(json.dumps({"t": time.time(), "event": event, **fields}, default=float) + "\n")
-            self._file.flush()
+            if event != "bucket":
+                self._file.flush()
 
     def set(self, name: str, value: float, **labels: str) -> None:
         with self._lock:
