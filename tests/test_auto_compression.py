@@ -257,3 +257,15 @@ def test_guard_overhead_bench_runs():
     rc, out = python_mpirun(2, bench, "--blocks", "2", "--block", "3", "--model", "cnn", timeout=300)
     assert rc == 0, out
     assert "cnn, sign, 2 ranks, 4 + 4 timed steps" in out and "overhead" in out and "the guard's own time" in out, out
+
+
+def test_drift_re_decides_only_when_another_method_would_win():
+    """A bucket on sign measured at twice its prediction still beats int8 and none over a
+    1 Gbit/s link: no new trials; measured at 20x, int8 would win: re-decide."""
+    auto = zcoll.AutoCompression(methods=("none", "int8", "sign"))
+    auto.model, auto.allowed = model(1.0), ["none", "int8", "sign"]
+    auto.path, auto._nbytes = {"b": ["sign"]}, {"b": 25 * MIB}
+    p = auto.model.predict("sign", 25 * MIB, "b")
+    assert not auto._another_would_win({"b": [2 * 10 * p, 10 * p]})  # 10 calls, twice as slow
+    assert auto._another_would_win({"b": [20 * 10 * p, 10 * p]})
+    assert auto.model.predict("int8", 25 * MIB, "b") < 20 * p

@@ -567,12 +567,32 @@ class AutoCompression:
                 per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
             )
             self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
-            if self._drifted >= 2 and len(self.methods) > 1:  # one method: nothing to choose again
+            if self._drifted >= 2 and self._another_would_win(per_bucket):
                 self._redecide(
                     step,
                     f"measured communication {measured * 1e3:.1f} ms vs predicted "
                     f"{predicted * 1e3:.1f} ms at two checks in a row",
                 )
+
+    def _another_would_win(self, per_bucket: Dict[str, List[float]]) -> bool:
+        """Whether, at its measured cost, some bucket's method is no longer the best choice: its
+        measured time per call (the model's prediction scaled by measured / predicted over the
+        interval) exceeds another allowed method's prediction by more than the margin. A drift
+        that leaves every choice standing (sign measured at 11 ms where 6 were predicted, the
+        next best predicted at 35) is not worth new trial steps, which include uncompressed
+        ones (164 ms each over a 1 Gbit/s link for the 2.18M MLP)."""
+        if self.model is None or len(self.allowed) < 2:
+            return False
+        for key, (measured, predicted) in per_bucket.items():
+            current = self.path.get(key, ["none"])[-1]
+            nbytes = self._nbytes.get(key)
+            if nbytes is None or predicted <= 0:
+                continue
+            mine = measured / predicted * self.model.predict(current, nbytes, key)
+            others = [self.model.predict(m, nbytes, key) for m in self.allowed if m != current]
+            if others and mine > min(others) * (1 + self.margin):
+                return True
+        return False
 
     def _guard(self, key: str, method: str, err: float, step_err: float, residual: float, step: int) -> None:
         """err: what the result lost beyond what error feedback carries over (relative to the
