@@ -43,3 +43,27 @@ def test_bench_short_run():
     # size count | gloo us algbw busbw #wrong | zcoll us algbw busbw #wrong | ratio
     rows = [line.split() for line in rank0.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 3 and all(r[6] == "0" and r[11] == "0" for r in rows), out  # no wrong elements
+
+
+def test_train_digits_guarded_sign_escalates(tmp_path):
+    """guarded-sign: sign under the guard with the calibrated residual bound; error feedback owes
+    more than a gradient within a few checks, so buckets run at int4 too, and the log says so."""
+    rc, out = python_mpirun(
+        2,
+        ROOT / "examples/train_digits.py",
+        "--configs",
+        "guarded-sign",
+        "--epochs",
+        "3",
+        "--png",
+        tmp_path / "loss.png",
+        "--guard-log",
+        tmp_path / "guard",
+        timeout=180,
+    )
+    assert rc == 0, out[-4000:]
+    rank0 = split_ranks(out)[0]
+    line = next(x for x in rank0.splitlines() if x.startswith("guarded-sign: bucket calls by method:"))
+    assert " int4 " in line and " sign " in line and "the guard's own time" in line, line
+    log = (tmp_path / "guard" / "guarded-sign.jsonl").read_text()
+    assert '"event": "escalate"' in log and '"guard_cost"' in log, log[-2000:]
