@@ -157,7 +157,7 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
-def heap_in_use() -> dict | None:
+def memory_breakdown() -> dict:
     """Where resident memory is: malloc's bytes handed out and not had back (mallinfo2, every
     arena, glibc 2.33+: in-use heap chunks, and blocks mmapped on their own), the free bytes
     its heaps keep, and the kernel's split of RSS (anonymous, shared memory, files). A leak
@@ -657,7 +657,7 @@ def main(argv=None) -> int:
     grew: dict[str, int] = {}  # RSS change (bytes) during the calls of each label, after the baseline
     wrong, shown = 0, 0
     rss_base: int | None = rss_bytes(trim=True) if o.baseline == 0 else None
-    heap_base = heap_in_use()
+    mem_base = memory_breakdown()
     start = last_progress = time.monotonic()
     done = 0
     while done < o.collectives:
@@ -684,7 +684,7 @@ def main(argv=None) -> int:
                     say(f"soak WRONG rank {rank}: {c.describe()}: {problem}")
         done += 1
         if done == o.baseline:
-            rss_base, heap_base = rss_bytes(trim=True), heap_in_use()
+            rss_base, mem_base = rss_bytes(trim=True), memory_breakdown()
         now = time.monotonic()
         if rank == 0 and now - last_progress >= o.progress:
             last_progress = now
@@ -692,7 +692,7 @@ def main(argv=None) -> int:
                 ""
                 if rss_base is None
                 else f" ({(rss_bytes(trim=True) - rss_base) / 2**20:+.2f} MiB since call {o.baseline}"
-                + heap_change({"heap_base": heap_base, "heap_end": heap_in_use()})
+                + memory_change({"mem_base": mem_base, "mem_end": memory_breakdown()})
                 + ")"
             )
             rss = rss_bytes() / 2**20
@@ -701,7 +701,7 @@ def main(argv=None) -> int:
                 f"rss {rss:.1f} MiB{grown}, wrong {wrong}"
             )
     elapsed = time.monotonic() - start
-    rss_end, heap_end = rss_bytes(trim=True), heap_in_use()
+    rss_end, mem_end = rss_bytes(trim=True), memory_breakdown()
     for t in targets:
         t.free()
     if with_torch:
@@ -709,17 +709,15 @@ def main(argv=None) -> int:
 
         dist.destroy_process_group()
     mine = {"wrong": wrong, "counts": counts, "rss_base": rss_base, "rss_end": rss_end, "grew": grew,
-            "heap_base": heap_base, "heap_end": heap_end}
+            "mem_base": mem_base, "mem_end": mem_end}
     everyone = WORLD.gather(mine, root=0)
     failed = report(o, everyone, done, elapsed) if rank == 0 else False
     return int(WORLD.bcast(failed, root=0))
 
 
-def heap_change(r: dict) -> str:
-    """The change of each of heap_in_use()'s figures over the same calls."""
-    if r["heap_base"] is None or r["heap_end"] is None:
-        return ""
-    parts = [f"{k} {(r['heap_end'][k] - r['heap_base'][k]) / 2**20:+.2f}" for k in r["heap_end"] if k in r["heap_base"]]
+def memory_change(r: dict) -> str:
+    """The change of each of memory_breakdown()'s figures over the same calls."""
+    parts = [f"{k} {(r['mem_end'][k] - r['mem_base'][k]) / 2**20:+.2f}" for k in r["mem_end"] if k in r["mem_base"]]
     return "; " + ", ".join(parts) + " MiB"
 
 
@@ -747,7 +745,7 @@ def report(o: argparse.Namespace, everyone: list, done: int, elapsed: float) -> 
             f"{r['rss_end'] / 2**20:.2f} MiB at the end ({growth[-1]:+.2f} MiB"
             + (f"; most during {during}" if during else "")
             + ")"
-            + heap_change(r)
+            + memory_change(r)
         )
     worst = max(growth) if growth else 0.0
     failed = wrong > 0 or worst > o.rss_limit

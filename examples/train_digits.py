@@ -202,9 +202,10 @@ def train(name, args, world, groups, data):
         comm.reset_stats()
     global_batch = args.batch * size
     rows = args.batch // micro
+    auto = compression.compressor if name in GUARDED else None  # a zcoll.AutoCompression
     # bytes the gradients took: less AutoCompression's one-time calibration (its uncompressed
     # allreduces of 256 B, 1 MiB and 4 MiB), which a longer run spreads over more updates
-    calibration = lambda: getattr(compression and compression.compressor, "calibration_bytes", 0)  # noqa: E731
+    calibration = lambda: auto.calibration_bytes if auto is not None else 0  # noqa: E731
     sent = lambda: run.sent + (comm.stats()["bytes_sent"] - calibration() if comm else 0)  # noqa: E731
     for epoch in range(run.epoch, args.epochs):
         run.epoch = epoch
@@ -235,8 +236,6 @@ def train(name, args, world, groups, data):
     with torch.no_grad():
         acc = (model.module(xte).argmax(1) == yte).float().mean().item()
     params = torch.cat([q.detach().reshape(-1) for q in model.module.parameters()])
-    used = getattr(compression and compression.compressor, "calls_by_method", None)
-    guard_s = getattr(compression and compression.compressor, "guard_seconds", None)
     return {
         "name": name,
         "acc": acc,
@@ -247,8 +246,8 @@ def train(name, args, world, groups, data):
         "losses": run.losses,
         "params": params,
         "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
-        "methods": dict(used) if used else None,
-        "guard_ms": None if guard_s is None else world.allreduce(guard_s, op=_max()) / run.updates * 1e3,
+        "methods": dict(auto.calls_by_method) if auto is not None else None,
+        "guard_ms": world.allreduce(auto.guard_seconds, op=_max()) / run.updates * 1e3 if auto is not None else None,
     }
 
 

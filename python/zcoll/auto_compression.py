@@ -364,10 +364,10 @@ class AutoCompression:
 
     def _fixed_indices(self, key: str, n: int) -> np.ndarray:
         """The `sample` indices of a bucket of n elements its residual ratio is estimated on
-        every step: 16 runs of consecutive elements spread evenly over the bucket (so every
-        layer of it is represented). Not scattered: 4096 scattered reads of a residual that
-        backward has pushed out of the cache cost ~0.25 ms per bucket (measured on the 2.18M
-        MLP); 16 runs cost a few microseconds."""
+        every step: 16 runs of consecutive elements spread evenly over the bucket, so every
+        layer is represented in proportion and the reads are ones the prefetcher follows (the
+        scattered sample it replaced measured about the same cost here; the guard's accuracy
+        measurements in docs/compression.md were made with these runs)."""
         idx = self._fixed.get(key)
         if idx is None or (idx.size and idx[-1] >= n):
             runs = 16
@@ -449,7 +449,7 @@ class AutoCompression:
     def _calibrate(self, comm: Any) -> None:
         sent = comm.stats()["bytes_sent"]
         self._calibration, self._codecs = calibrate(comm, cm.with_escalations(self.methods))
-        self.calibration_bytes = comm.stats()["bytes_sent"] - sent  # once per run: 5 MiB a rank, 4 times
+        self.calibration_bytes = comm.stats()["bytes_sent"] - sent  # once: 4 x (256 B, 1 MiB, 4 MiB)
         self.model = cm.fit(self._calibration, self._codecs, comm.size)
 
     def _decide(self, comm: Any, keys: List[str], step: int) -> None:
@@ -578,9 +578,9 @@ class AutoCompression:
         """Whether, at its measured cost, some bucket's method is no longer the best choice: its
         measured time per call (the model's prediction scaled by measured / predicted over the
         interval) exceeds another allowed method's prediction by more than the margin. A drift
-        that leaves every choice standing (sign measured at 11 ms where 6 were predicted, the
-        next best predicted at 35) is not worth new trial steps, which include uncompressed
-        ones (164 ms each over a 1 Gbit/s link for the 2.18M MLP)."""
+        that leaves every choice standing (sign measured at twice its prediction over a 1 Gbit/s
+        link, still far below int8's or none's) is not worth new trial steps, which include
+        uncompressed ones (164 ms each there for the 2.18M MLP)."""
         if self.model is None or len(self.allowed) < 2:
             return False
         for key, (measured, predicted) in per_bucket.items():
