@@ -403,7 +403,7 @@ def powersgd_first(configs: List[wl.Config]) -> List[wl.Config]:
 def warmup_steps(job: Job, config: wl.Config) -> int:
     # PowerSGD's first compressed step (start_powerSGD_iter) belongs to its warm-up, not its timing.
     if config.auto:  # its trial steps are not the method it decides for
-        return max(job.args.warmup, wl.AUTO_DECIDED + 1)
+        return max(job.args.warmup, wl.auto_decided() + 1)
     return max(job.args.warmup, wl.POWERSGD_START + 1) if config.gloo_hook == "powersgd" else job.args.warmup
 
 

@@ -156,7 +156,7 @@ class Config:
     group: Optional[str]
     compressor: Optional[Callable[[], Any]] = None
     gloo_hook: Optional[str] = None
-    auto: bool = False  # a zcoll.AutoCompression: decides during its first AUTO_DECIDED steps
+    auto: bool = False  # a zcoll.AutoCompression: decides within its first auto_decided() steps
 
     @property
     def ddp(self) -> bool:
@@ -178,19 +178,34 @@ CONFIGS: Dict[str, Config] = {
         Config("gloo-powersgd", "gloo", gloo_hook="powersgd"),
         Config("zcoll", "zcoll"),
         Config("zcoll-fp16", "zcoll", compressor=lambda: _zcoll().HalfPrecision("fp16")),
+        Config("zcoll-bf16", "zcoll", compressor=lambda: _zcoll().HalfPrecision("bf16", error_feedback=True)),
         Config("zcoll-int8", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=8)),
         Config("zcoll-int4", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=4)),
         Config("zcoll-sign", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=1)),
+        Config("zcoll-top10%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.1)),
         Config("zcoll-top1%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.01)),
         # checks every 10 steps: predicted vs measured communication within a short timed run
         Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=10)),
+        # the same choices without the guard: what the guard costs auto
+        Config(
+            "zcoll-auto-unguarded",
+            "zcoll",
+            auto=True,
+            compressor=lambda: _auto("unguarded", check_every=10, guard=False),
+        ),
         # the guard alone (one method, escalated when its sampled error grows): its overhead
         # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
         Config("zcoll-guarded-sign", "zcoll", auto=True, compressor=lambda: _guarded("sign")),
         Config("zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _guarded("top1%")),
     ]
 }
-AUTO_DECIDED = 1 + 4 * 7  # AutoCompression's default start step + trial steps (7 methods x 4)
+def auto_decided() -> int:
+    """The step by which a default zcoll.AutoCompression has decided, at the latest (its start
+    step, the screen and the longest final)."""
+    auto = _zcoll().AutoCompression()
+    return auto.trial_start + auto.trial_steps
+
+
 AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
 
 

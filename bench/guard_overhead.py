@@ -11,7 +11,8 @@ They train in alternating blocks of --block steps (A B B A, so that drift cancel
 starting at a barrier and lasting as long as its slowest rank; the first step of each block is
 not counted. Prints the median step of each, the overhead (guarded / unguarded - 1) with the
 spread of the per-round ratios, and the guard's own time per step as it times itself
-(AutoCompression.guard_seconds: wall time on the hook's worker, GIL waits included).
+(AutoCompression.guard_seconds: wall time on the hook's worker, GIL waits included; and
+guard_cpu_seconds: the worker thread's CPU time in it).
 """
 
 from __future__ import annotations
@@ -81,20 +82,25 @@ def main(argv=None) -> int:
     for r in (plain, guarded):  # warm-up: DDP's bucket rebuild, the trial steps (1 method x 4)
         for _ in range(10):
             r.step()
-    guard_s0 = guarded.auto.guard_seconds + guarded.auto._guard_s
+    spent0 = guard_spent(guarded.auto)
     for i in range(args.blocks // 2):
         for r in (plain, guarded, guarded, plain):  # A B B A
             r.block(args.block)
         if rank == 0 and (i + 1) % 5 == 0:
             print(f"  round {i + 1}/{args.blocks // 2}", flush=True)
-    guard_s = guarded.auto.guard_seconds + guarded.auto._guard_s - guard_s0
+    wall, cpu = (after - before for after, before in zip(guard_spent(guarded.auto), spent0))
     if rank == 0:
-        report(args, plain, guarded, guard_s)
+        report(args, plain, guarded, wall, cpu)
     dist.destroy_process_group()
     return 0
 
 
-def report(args, plain: Run, guarded: Run, guard_s: float) -> None:
+def guard_spent(auto) -> tuple:
+    """The guard's wall and CPU seconds so far (those since its last check included)."""
+    return auto.guard_seconds + auto._guard_spent.wall, auto.guard_cpu_seconds + auto._guard_spent.cpu
+
+
+def report(args, plain: Run, guarded: Run, guard_s: float, guard_cpu_s: float) -> None:
     a = [t for block in plain.times for t in block]
     b = [t for block in guarded.times for t in block]
     ma, mb = statistics.median(a), statistics.median(b)
@@ -105,12 +111,13 @@ def report(args, plain: Run, guarded: Run, guard_s: float) -> None:
         for i in range(len(plain.times) // 2)
     )
     q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
-    own = guard_s / len(b) if b else 0.0
+    own, cpu = (guard_s / len(b), guard_cpu_s / len(b)) if b else (0.0, 0.0)
     print(
         f"{args.model}, {args.method}, {dist.get_world_size()} ranks, {len(a)} + {len(b)} timed steps:\n"
         f"  unguarded {ma * 1e3:.2f} ms, guarded {mb * 1e3:.2f} ms a step: overhead {mb / ma - 1:+.1%} "
         f"(per-round ratios: median {statistics.median(ratios) - 1:+.1%}, quartiles {q1 - 1:+.1%} .. {q3 - 1:+.1%})\n"
-        f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), wall time on the hook's worker"
+        f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), wall time on the hook's worker; "
+        f"its CPU time {cpu * 1e3:.3f} ms ({cpu / mb:.1%})"
     )
 
 

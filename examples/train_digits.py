@@ -248,6 +248,9 @@ def train(name, args, world, groups, data):
         "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
         "methods": dict(auto.calls_by_method) if auto is not None else None,
         "guard_ms": world.allreduce(auto.guard_seconds, op=_max()) / run.updates * 1e3 if auto is not None else None,
+        "guard_cpu_ms": (
+            world.allreduce(auto.guard_cpu_seconds, op=_max()) / run.updates * 1e3 if auto is not None else None
+        ),
     }
 
 
@@ -318,7 +321,8 @@ def main():
             calls = ", ".join(f"{m} {n}" for m, n in sorted(r["methods"].items(), key=lambda kv: -kv[1]))
             say(
                 f"{r['name']}: bucket calls by method: {calls}; the guard's own time {r['guard_ms']:.3f} ms "
-                f"per update ({r['guard_ms'] / r['ms']:.1%} of it); bytes exclude the one-time calibration"
+                f"per update ({r['guard_ms'] / r['ms']:.1%} of it), its CPU time {r['guard_cpu_ms']:.3f} ms "
+                f"({r['guard_cpu_ms'] / r['ms']:.1%}); bytes exclude the one-time calibration"
             )
     if world.rank == 0 and results:
         plot(results, args.png, f"digits, DDP on {world.size} ranks")

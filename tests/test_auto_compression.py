@@ -119,6 +119,48 @@ def test_fit_per_method_and_bucket():
     assert m.predict("int8", 4 * MIB, "b1") == pytest.approx(trials["int8"][1][2], rel=0.05)
 
 
+def test_finalists_near_the_fastest_and_the_plan():
+    screened = {"none": 0.100, "int8": 0.060, "sign": 0.050, "top1%": 0.058, "bf16": 0.080}
+    # within a quarter of a 40 ms step of sign's 50 ms: sign, top1% (58), int8 (60); the plan
+    # mixes, so it takes a place
+    final = cm.finalists(screened, {"b0": "none", "b1": "sign"}, cap=3, step_s=0.040)
+    assert [c.name for c in final] == ["sign", "top1%", cm.PLAN]
+    assert final[-1].method("b0") == "none" and final[-1].method("b1") == "sign"
+    assert final[-1].method("new") == "none"  # a bucket the plan has not seen goes uncompressed
+    # a plan that sends everything with a method already in the final adds nothing
+    final = cm.finalists(screened, {"b0": "sign", "b1": "sign"}, cap=3, step_s=0.040)
+    assert [c.name for c in final] == ["sign", "top1%", "int8"]
+    assert [c.name for c in cm.finalists(screened, {}, cap=3, step_s=0.020)] == ["sign"]  # 5 ms: sign alone
+    assert cm.finalists({}, {}, cap=4, step_s=0.1) == []
+
+
+def test_choose_measured_least_lossy_and_not_slower_than_uncompressed():
+    cands = [cm.Candidate(m) for m in ("none", "int8", "sign")]
+    # times: medians of the candidates' windows; the scale: a typical step of 100 ms
+    # sign fastest; int8 within 2% of a step of it and less lossy
+    pick, why = cm.choose(cands, {"none": 0.100, "int8": 0.0515, "sign": 0.050}, 0.100, 0.100)
+    assert pick.name == "int8" and "int8 51.50" in why
+    pick, _ = cm.choose(cands, {"none": 0.100, "int8": 0.053, "sign": 0.050}, 0.100, 0.100)
+    assert pick.name == "sign"
+    # nothing saving 5% of a step against uncompressed: uncompressed, even when it was not in the final
+    pick, why = cm.choose(cands[1:], {"int8": 0.096, "sign": 0.098}, 0.100, 0.100)
+    assert pick.name == "none" and "5%" in why
+    # ... measured against a step, not against the window: 4 ms of a 50 ms window is 8%, of a
+    # 100 ms step 4%
+    pick, _ = cm.choose(cands, {"none": 0.050, "sign": 0.046}, 0.050, 0.100)
+    assert pick.name == "none"
+    # no uncompressed reference (methods without none): the fastest
+    pick, _ = cm.choose(cands[1:], {"int8": 0.097, "sign": 0.060}, None, 0.100)
+    assert pick.name == "sign"
+    # a plan is as lossy as its lossiest method
+    plan = cm.Candidate(cm.PLAN, {"b0": "none", "b1": "int4"})
+    assert plan.lossiness == cm.LOSSINESS.index("int4") and plan.methods() == ["int4", "none"]
+    pick, _ = cm.choose([plan, cands[2]], {cm.PLAN: 0.051, "sign": 0.050}, 0.100, 0.100)
+    assert pick.name == cm.PLAN
+    with pytest.raises(ValueError, match="no candidate"):
+        cm.choose(cands, {}, None, 0.100)
+
+
 def test_exposed():
     assert cm.exposed([1.0, 1.0], [0.0, 5.0]) == 1.0  # the first is hidden
     assert cm.exposed([3.0, 1.0], [0.0, 1.0]) == 3.0  # the second waits for the first

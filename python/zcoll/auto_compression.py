@@ -13,13 +13,26 @@ allreduced numbers by deterministic code, so it is identical on every rank.
 1. Calibrate (first bucket): uncompressed allreduces of 256 B, 1 MiB and 4 MiB and the kernel
    rates of every method (and of what the guard may escalate to); the slowest rank's numbers
    on every rank, so every rank fits the same model (:func:`calibrate`).
-2. Trials (``len(methods) * trial_repeats`` steps from ``start_step``): every bucket of a step
+2. Screen (``len(methods) * trial_repeats`` steps from ``start_step``): every bucket of a step
    goes with the same method, each method for trial_repeats steps (the first not counted);
-   each bucket's time on the worker, its hand-over time and each step's time are recorded.
-3. Decide (at the end of the last trial step, :meth:`_decide`): the trials' medians, allreduced,
-   fit the model (compression_model.fit); compression_model.decide chooses per bucket among the
-   methods whose trial steps were faster than the uncompressed ones; a ``decision`` event per
-   bucket: method, reason, the model's prediction and the trials' measurement of every method.
+   each bucket's time on the worker (per call the least over ranks: the rank that arrived last
+   did not wait), its hand-over time, each step's window (from its first bucket's hand-over to
+   its last bucket's end: what compression changes, the backward pass sharing the cores with
+   the codecs and the exposed communication; not the forward pass, the optimizer or a pause
+   between steps) and each step end to end (a typical step: the scale of the gains); every step
+   the slowest rank's. At the screen's end (:meth:`_screen`) the calls fit the model
+   (compression_model.fit), which plans a method per bucket (compression_model.decide:
+   overlap, per-bucket costs); the final's candidates are the methods whose median window was
+   within SCREEN_BAND of a step of the fastest's, and the plan (compression_model.finalists,
+   at most ``finalists``).
+3. Final (``final_rounds`` rounds) and decision (:meth:`_decide`): the candidates take turns a
+   step each, so that what else the machine does falls on all of them alike; the one with
+   the best median window wins (compression_model.choose: a compressed one only when it saved
+   ``min_gain`` of a step against uncompressed, the least lossy within ``step_margin`` of a
+   step of the fastest). The model itself judges only communication; the steps also pay what the
+   codecs take from the computation (they share the cores), so the steps decide. A
+   ``decision`` event per bucket: method, candidate, reason, the model's predictions (fitted
+   on every trial call) and the trials' measurements.
 4. Afterwards, every ``check_every`` steps, measured against predicted communication (a
    ``measured`` event, with both gains over the model's uncompressed time); off by more than
    ``drift`` at two checks in a row, or a changed link verdict (``comm.diagnose()`` every
@@ -42,6 +55,7 @@ result's values (the same ones on every rank) with 1e3 times the bucket's larges
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import zlib
@@ -67,6 +81,8 @@ DEFAULT_BOUND = 1e-3
 # bench/ddp_step.py pass it).
 RESIDUAL_BOUND = 1.0
 
+MISSING = 1e30  # a trial table's entry where a method was not measured
+
 
 def resolve(compression: Any) -> Any:
     """The one place the string "auto" becomes an AutoCompression."""
@@ -75,6 +91,25 @@ def resolve(compression: Any) -> Any:
             raise ValueError(f"compression as a string must be 'auto', got {compression!r}")
         return AutoCompression()
     return compression
+
+
+class _Spent:
+    """Wall seconds and this thread's CPU seconds spent inside ``with`` blocks, until taken."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "_Spent":
+        self._wall0, self._cpu0 = time.perf_counter(), time.thread_time()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wall += time.perf_counter() - self._wall0
+        self.cpu += time.thread_time() - self._cpu0
+
+    def take(self) -> Tuple[float, float]:
+        spent, (self.wall, self.cpu) = (self.wall, self.cpu), (0.0, 0.0)
+        return spent
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:
@@ -93,16 +128,18 @@ class AutoCompression:
     """The method of each DDP bucket chosen from measurements and guarded (module docstring).
 
     methods: candidates, least lossy first (compression_model.LOSSINESS); trial_repeats: steps
-    per method in the trials (the first not counted); start_step: the first trial step (DDP
-    rebuilds its buckets after step 0); margin / min_gain: see compression_model.decide;
+    per method in the screen (the first not counted); final_rounds: rounds of the final (0: the
+    screen's steps decide); finalists: its most candidates; start_step: the first trial step
+    (DDP rebuilds its buckets after step 0); margin / min_gain: see compression_model.decide;
+    step_margin: see compression_model.choose;
     guard: the per-step metrics and exact checks; check_every: steps between exact checks (and
     drift checks); sample: elements per bucket in a check; bound: relative error lost beyond
     error feedback that escalates (DEFAULT_BOUND); residual_bound: a residual-to-gradient norm
     ratio (the ranks' mean at a check) that escalates too (None: off; RESIDUAL_BOUND, 1.0,
     is the calibrated one);
     calm_checks: quiet checks before stepping back down; drift: relative drift of measured from
-    predicted communication time that re-decides (at two checks in a row; 0.5: the noise of a
-    shared machine stays below it); diagnose_every: steps between link
+    predicted communication time (each bucket's median call times its calls) that re-decides
+    (at two checks in a row; 0.5: the noise of a shared machine stays below it); diagnose_every: steps between link
     diagnoses (0: never; a changed verdict re-decides); metrics_path: JSON-lines log (rank 0
     writes it); metrics_port: Prometheus (None: ZCOLL_METRICS_PORT; each rank on port + rank).
 
@@ -120,10 +157,13 @@ class AutoCompression:
         self,
         methods: Sequence[str] = cm.CANDIDATES,
         *,
-        trial_repeats: int = 4,
+        trial_repeats: int = 3,
+        final_rounds: int = 6,
+        finalists: int = 4,
         start_step: int = 1,
         margin: float = 0.05,
         min_gain: float = 0.05,
+        step_margin: float = 0.02,
         guard: bool = True,
         check_every: int = 50,
         sample: int = 4096,
@@ -140,16 +180,26 @@ class AutoCompression:
         unknown = [m for m in methods if m != "none" and m not in cm.METHODS]
         if unknown or not methods:
             raise ValueError(f"unknown methods {unknown}; known: none, {', '.join(cm.METHODS)}")
-        if trial_repeats < 2 or start_step < 0 or check_every < 1 or sample < 1 or calm_checks < 1:
+        if (
+            trial_repeats < 2
+            or final_rounds < 0
+            or finalists < 2
+            or start_step < 0
+            or check_every < 1
+            or sample < 1
+            or calm_checks < 1
+        ):
             raise ValueError(
-                "need trial_repeats >= 2, start_step >= 0, check_every >= 1, sample >= 1, calm_checks >= 1; "
-                f"got {trial_repeats}, {start_step}, {check_every}, {sample}, {calm_checks}"
+                "need trial_repeats >= 2, final_rounds >= 0, finalists >= 2, start_step >= 0, check_every >= 1, "
+                f"sample >= 1, calm_checks >= 1; got {trial_repeats}, {final_rounds}, {finalists}, {start_step}, "
+                f"{check_every}, {sample}, {calm_checks}"
             )
         if not 0.0 <= _test_corrupt_fraction <= 1.0:
             raise ValueError(f"_test_corrupt_fraction must be in [0, 1], got {_test_corrupt_fraction}")
         self.methods = tuple(dict.fromkeys(methods))  # the trials' order
-        self.allowed = list(self.methods)  # what the last decision chose among (trial steps veto)
+        self.allowed = list(self.methods)  # what a bucket DDP adds later may use: the decision's (and none)
         self.trial_repeats, self.margin, self.min_gain = int(trial_repeats), margin, min_gain
+        self.final_rounds, self.finalists, self.step_margin = int(final_rounds), int(finalists), step_margin
         self.guard, self.check_every, self.sample = bool(guard), int(check_every), int(sample)
         self.bound = float(bound)
         self.residual_bound = None if residual_bound is None else float(residual_bound)
@@ -170,25 +220,33 @@ class AutoCompression:
         self._calibration: Optional[List[Tuple[float, float, float]]] = None
         self.calibration_bytes = 0  # what this rank sent calibrating (comm.stats()'s bytes_sent)
         self.calls_by_method: Dict[str, int] = {}  # bucket calls per method (trials, escalations)
-        self.guard_seconds = 0.0  # the guard's own time, summed at each check (guard_cost events)
-        self._guard_s, self._guard_since = 0.0, None  # since: the step of the first call
+        # the guard's own wall time and this thread's CPU time in it, summed at each check
+        # (guard_cost events); the wall time includes waiting for the GIL and the cores
+        self.guard_seconds = self.guard_cpu_seconds = 0.0
+        self._guard_spent = _Spent()  # since the last check
+        self._guard_since: Optional[int] = None  # the step of the first call, then of the last check
         self._codecs: Dict[str, Dict[str, Any]] = {}
         self.decisions: Dict[str, cm.Decision] = {}
         self.path: Dict[str, List[str]] = {}  # key -> [decided method, escalations...]; last = in use
         self._calm: Dict[str, int] = {}
-        self.trial_start = int(start_step)
+        self._screened: Dict[str, float] = {}  # method -> median screening step (slowest rank's)
+        self._final: List[cm.Candidate] = []  # the final's candidates, in the order they take turns
+        self._plan: Dict[str, cm.Decision] = {}  # the model's per-bucket choice after the screen
+        self._start_trials(int(start_step))
         self.decided_step: Optional[int] = None
         self._times: Dict[Tuple[str, str], List[float]] = {}  # (key, method) -> trial seconds
         self._ready: Dict[str, List[float]] = {}  # key -> hand-over offsets in the trials
-        self._step_s: Dict[str, List[float]] = {}  # method -> trial step times (end to end)
+        # candidate -> its trial steps' windows: from the step's first bucket hand-over to its last
+        # bucket's end (what compression changes: backward sharing the cores with the codecs, the
+        # exposed communication; the forward pass, the optimizer and pauses between steps are not in it)
+        self._step_s: Dict[str, List[float]] = {}
+        self._full_s: List[float] = []  # trial steps end to end: a typical step, the gains' scale
         self._last_end: Optional[float] = None
         self._nbytes: Dict[str, int] = {}
         self._step_keys: List[str] = []  # this step's buckets, in order
         self._step_ready0: Optional[float] = None
-        # since the last check: measured, predicted, predicted uncompressed, uncompressed in the trials
-        self._measured = [0.0, 0.0, 0.0, 0.0]
+        self._calls: List[Tuple[str, str, float]] = []  # (key, method, seconds) since the last check
         self._trial_none: Dict[str, float] = {}  # key -> its uncompressed time in the trials
-        self._per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] since the last check
         self._drifted = 0
         self._verdict: Optional[str] = None
         self._check: List[Tuple[str, str, np.ndarray, np.ndarray]] = []  # key, method, meant, got
@@ -200,17 +258,39 @@ class AutoCompression:
     # -- which method -------------------------------------------------------------------------
     @property
     def trial_steps(self) -> int:
-        return len(self.methods) * self.trial_repeats
+        """Steps of the trials (before the screen ends: the most they may take)."""
+        return self._trial_end - self.trial_start
 
     def in_trials(self, step: int) -> bool:
-        return self.trial_start <= step < self.trial_start + self.trial_steps
+        return self.trial_start <= step < self._trial_end
+
+    def _start_trials(self, step: int) -> None:
+        """Trials from `step`: the screen, then a final of at most `finalists` candidates."""
+        self.trial_start = step
+        self._screen_end = step + len(self.methods) * self.trial_repeats
+        most = min(self.finalists, len(self.methods) + 1) if len(self.methods) > 1 else 0
+        self._trial_end = self._screen_end + most * self.final_rounds
+        self._final, self._screened, self._plan, self._typical = [], {}, {}, 0.0
+
+    def _trial_candidate(self, step: int) -> cm.Candidate:
+        """The screen: each method for trial_repeats steps in turn; the final: the candidates one
+        step each, in an order that rotates every round (so that none always follows another)."""
+        if step < self._screen_end:
+            return cm.Candidate(self.methods[(step - self.trial_start) // self.trial_repeats])
+        rnd, pos = divmod(step - self._screen_end, len(self._final))
+        return self._final[(pos + rnd) % len(self._final)]
+
+    def _counted(self, step: int) -> bool:
+        """Whether a trial step's times count: not a method's first screening step (it warms
+        the method up: the compressor's first call allocates its residuals)."""
+        return step >= self._screen_end or (step - self.trial_start) % self.trial_repeats != 0
 
     def method(self, key: str, step: int, nbytes: int) -> str:
         """The method bucket `key` (of nbytes) goes with at `step`: the trials' method of the
         step; once decided, the bucket's decision (escalated by the guard); a key first seen
         after the decision, the model's choice for its size (no overlap assumed); else none."""
         if self.in_trials(step):
-            return self.methods[(step - self.trial_start) // self.trial_repeats]
+            return self._trial_candidate(step).method(key)
         if key in self.path:
             return self.path[key][-1]
         if self.decided_step is not None and self.model is not None:
@@ -249,7 +329,7 @@ class AutoCompression:
         if old == method:
             return
         e = self.residual(key)
-        e = None if e is None else e.reshape(-1).copy()
+        e = None if e is None else e.reshape(-1)  # no copy: reset() below lets go of it
         self.reset(key)
         self.method_of[key] = method
         if e is not None and e.size == buf.size:
@@ -268,10 +348,10 @@ class AutoCompression:
         x = _array(buf)
         if self._calibration is None:
             self._calibrate(comm)
-        if self.decided_step is None and step >= self.trial_start + self.trial_steps:
+        if self.decided_step is None and step >= self._trial_end:
             # undecided with the trial steps behind: the hook began compressing after them (its
             # warm-up steps send uncompressed without calling here), so the trials start now
-            self.trial_start = step
+            self._start_trials(step)
         if self._step_ready0 is None:
             self._step_ready0 = ready
         self._step_keys.append(key)
@@ -283,16 +363,15 @@ class AutoCompression:
         self.calls_by_method[method] = self.calls_by_method.get(method, 0) + 1
         if self._guard_since is None:
             self._guard_since = step
-        g0 = time.perf_counter()
-        checking = self.guard and method != "none" and self._check_step(step)
-        idx = self._sample_indices(key, step, x.size) if checking else None
-        grad = x[idx] if checking else None  # this rank's gradient there (a copy: the call is in place)
-        meant = grad + self._residual_at(key, idx) if checking else None
-        watched = self.guard and method != "none"
-        fixed = self._fixed_indices(key, x.size) if watched else None
-        sampled = x[fixed] if watched else None  # for the residual-to-gradient ratio
+        with self._guard_spent:
+            checking = self.guard and method != "none" and self._check_step(step)
+            idx = self._sample_indices(key, step, x.size) if checking else None
+            grad = x[idx] if checking else None  # this rank's gradient there (a copy: in place below)
+            meant = grad + self._residual_at(key, idx) if checking else None
+            watched = self.guard and method != "none"
+            fixed = self._fixed_indices(key, x.size) if watched else None
+            sampled = x[fixed] if watched else None  # for the residual-to-gradient ratio
         t0 = time.perf_counter()
-        self._guard_s += t0 - g0
         if method == "none":
             out = comm.allreduce(buf, op="avg", out=buf)
             stats = None
@@ -312,14 +391,13 @@ class AutoCompression:
         if self._test_corrupt_fraction and method != "none":
             self._corrupt(y, key, step)
         self._record(key, method, step, seconds, ready)
-        g1 = time.perf_counter()
-        if watched:
-            self._metrics(key, method, step, fixed, sampled, stats, seconds)
-        if checking:
-            meant -= self._residual_at(key, idx)
-            both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
-            self._check.append((key, method, both, y[idx].copy()))
-        self._guard_s += time.perf_counter() - g1
+        with self._guard_spent:
+            if watched:
+                self._metrics(key, method, step, fixed, sampled, stats, seconds)
+            if checking:
+                meant -= self._residual_at(key, idx)
+                both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
+                self._check.append((key, method, both, y[idx].copy()))
         if last:
             self._end_step(comm, step)
         return out
@@ -350,17 +428,11 @@ class AutoCompression:
 
     def _record(self, key: str, method: str, step: int, seconds: float, ready: float) -> None:
         if self.in_trials(step):
-            if (step - self.trial_start) % self.trial_repeats:  # the first step of a method warms it up
+            if self._counted(step):
                 self._times.setdefault((key, method), []).append(seconds)
                 self._ready.setdefault(key, []).append(ready - self._step_ready0)
         elif self.model is not None and key in self.path:
-            self._measured[0] += seconds
-            self._measured[1] += self.model.predict(method, self._nbytes[key], key)
-            self._measured[2] += self.model.predict("none", self._nbytes[key], key)
-            self._measured[3] += self._trial_none.get(key, 0.0)
-            per = self._per_bucket.setdefault(key, [0.0, 0.0])
-            per[0] += seconds
-            per[1] += self.model.predict(method, self._nbytes[key], key)
+            self._calls.append((key, method, seconds))
 
     def _fixed_indices(self, key: str, n: int) -> np.ndarray:
         """The `sample` indices of a bucket of n elements its residual ratio is estimated on
@@ -412,23 +484,24 @@ class AutoCompression:
 
     # -- collectives at a step's end (every rank, same step) ------------------------------------
     def _end_step(self, comm: Any, step: int) -> None:
-        keys, self._step_keys, self._step_ready0 = self._step_keys, [], None
+        keys, ready0, self._step_keys, self._step_ready0 = self._step_keys, self._step_ready0, [], None
         now = time.perf_counter()
-        if (
-            self.in_trials(step)
-            and (step - self.trial_start) % self.trial_repeats
-            and self._last_end is not None
-        ):
-            self._step_s.setdefault(self.method(keys[-1], step, 0), []).append(now - self._last_end)
+        trial = self.in_trials(step)
+        if trial and self._counted(step) and ready0 is not None:
+            self._step_s.setdefault(self._trial_candidate(step).name, []).append(now - ready0)
+        if trial and self._last_end is not None:
+            self._full_s.append(now - self._last_end)
         self._last_end = now
-        if step == self.trial_start + self.trial_steps - 1:
+        if trial and step == self._screen_end - 1:
+            self._screen(comm, keys, step)
+            self._last_end = time.perf_counter()  # the next step's time leaves the screen's work out
+        if trial and step == self._trial_end - 1:
             self._decide(comm, keys, step)
         elif self._check or self._check_step(step):  # (nothing compressed: still the drift check)
-            guarded = bool(self._check)
-            t0 = time.perf_counter()
-            self._run_check(comm, step)
-            if guarded:  # the exact check's allreduce and verdicts are the guard's too
-                self._guard_s += time.perf_counter() - t0
+            guarded = bool(self._check)  # the exact check's allreduce and verdicts are the guard's too
+            with self._guard_spent if guarded else contextlib.nullcontext():
+                self._run_check(comm, step)
+            if guarded:
                 self._log_guard_cost(step)
         if self.diagnose_every and self.decided_step is not None and step % self.diagnose_every == 0:
             label = str(comm.diagnose().label)
@@ -440,11 +513,21 @@ class AutoCompression:
         """The guard's own time (sampling, metrics, the exact check) per step since the last
         check: its overhead, measured where it is spent rather than as a difference of two
         noisy step times."""
-        steps = step - self._guard_since
+        wall, cpu = self._guard_spent.take()
+        steps = step - (self._guard_since or 0)
         if steps > 0:
-            self._log("guard_cost", step=step, steps=steps, seconds=self._guard_s, per_step_s=self._guard_s / steps)
-        self.guard_seconds += self._guard_s
-        self._guard_s, self._guard_since = 0.0, step
+            self._log(
+                "guard_cost",
+                step=step,
+                steps=steps,
+                seconds=wall,
+                per_step_s=wall / steps,
+                cpu_seconds=cpu,
+                cpu_per_step_s=cpu / steps,
+            )
+        self.guard_seconds += wall
+        self.guard_cpu_seconds += cpu
+        self._guard_since = step
 
     def _calibrate(self, comm: Any) -> None:
         sent = comm.stats()["bytes_sent"]
@@ -452,93 +535,138 @@ class AutoCompression:
         self.calibration_bytes = comm.stats()["bytes_sent"] - sent  # once: 4 x (256 B, 1 MiB, 4 MiB)
         self.model = cm.fit(self._calibration, self._codecs, comm.size)
 
-    def _decide(self, comm: Any, keys: List[str], step: int) -> None:
-        """The trials' medians into the model; one decision per bucket (module docstring, 3).
-
-        A bucket's time is the least over ranks (the last rank to hand the bucket over waits
-        least: its time is the collective's, the others' include waiting for it); a step's time
-        is the slowest rank's. Methods whose trial steps were not at least ``min_gain`` faster
-        than uncompressed ones are not chosen: the model sees one bucket's communication, the
-        step also pays what the codecs take from the computation (they share the cores)."""
+    def _fit_trials(self, comm: Any, keys: List[str]) -> Tuple[cm.CostModel, np.ndarray]:
+        """The model fitted on the trials' calls so far, and its table: per bucket (rows, in
+        `keys` order) each method's median call (MISSING where not measured), then the bucket's
+        hand-over offset. A bucket's time in one call is the least over ranks (the last rank to
+        hand the bucket over does not wait: its time is the collective's; which rank is last
+        changes from step to step, so the least is taken per call, then the median)."""
         cols = list(self.methods)
-        missing = 1e30
-        rows = [
-            [float(np.median(self._times.get((k, m), [missing]))) for m in cols]
-            + [float(np.median(self._ready.get(k, [0.0])))]
-            for k in keys
-        ]
-        table = comm.allreduce(np.array(rows, np.float64).reshape(-1), op="min").reshape(
-            len(keys), len(cols) + 1
-        )
-        steps = comm.allreduce(
-            np.array([float(np.median(self._step_s.get(m, [missing]))) for m in cols]), op="max"
-        )
-        step_s = {m: float(t) for m, t in zip(cols, steps) if t < missing}
+        calls = _over_ranks(comm, [self._times.get((k, m), []) for k in keys for m in cols], "min")
+        medians = [float(np.median(t)) if t else MISSING for t in calls]
+        ready = comm.allreduce(np.array([float(np.median(self._ready.get(k, [0.0]))) for k in keys]), op="min")
+        table = np.column_stack([np.array(medians).reshape(len(keys), len(cols)), ready])
         trials = {
-            m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing]
+            m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < MISSING]
             for j, m in enumerate(cols)
         }
-        physics = cm.fit(self._calibration or [], self._codecs, comm.size)
-        self.model = cm.fit(self._calibration or [], self._codecs, comm.size, trials)
-        allowed = cols
-        if "none" in step_s:  # cols in order, so that decide() sees the same candidates everywhere
-            allowed = [
-                m
-                for m in cols
-                if m == "none" or step_s.get(m, math.inf) <= step_s["none"] * (1 - self.min_gain)
-            ]
-        self.allowed = list(allowed)
+        return cm.fit(self._calibration or [], self._codecs, comm.size, trials), table
+
+    def _step_medians(self, comm: Any, names: Sequence[str]) -> Tuple[Dict[str, float], float]:
+        """Per candidate name its trial steps' median window, and the trial steps' median end to
+        end time (a typical step); every step the slowest rank's."""
+        names = list(names)
+        steps = _over_ranks(comm, [self._step_s.get(n, []) for n in names] + [self._full_s], "max")
+        full = steps.pop()
+        return {n: float(np.median(t)) for n, t in zip(names, steps) if t}, float(np.median(full or [0.0]))
+
+    def _screen(self, comm: Any, keys: List[str], step: int) -> None:
+        """The screen's end (module docstring, 3): its step medians, the model fitted on its
+        calls and the model's per-bucket plan; the final's candidates (compression_model.finalists)."""
+        self._screened, typical = self._step_medians(comm, self.methods)
+        self._typical = typical
+        self.model, table = self._fit_trials(comm, keys)
+        buckets = [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)]
+        plan = cm.decide(self.model, buckets, self.methods, self.margin, self.min_gain)
+        self._plan = {d.key: d for d in plan}
+        final = cm.finalists(self._screened, {d.key: d.method for d in plan}, self.finalists, typical)
+        self._final = final if self.final_rounds and len(final) > 1 else []
+        self._trial_end = self._screen_end + len(self._final) * self.final_rounds
+        self._step_s.clear()  # the decision compares the final's steps only (they took turns)
+        self._log(
+            "screen",
+            step=step,
+            window_s=self._screened,
+            typical_step_s=typical,
+            plan={d.key: d.method for d in plan},
+            finalists=[c.name for c in self._final],
+        )
+
+    def _decide(self, comm: Any, keys: List[str], step: int) -> None:
+        """The trials' end (module docstring, 3): the candidate with the best measured steps
+        (compression_model.choose; without a final, the screen's methods on their screening
+        steps), every bucket's method from it, and the model fitted on every trial call for
+        the predictions."""
+        cols = list(self.methods)
+        self.model, table = self._fit_trials(comm, keys)
+        if self._final:
+            candidates = self._final
+            windows, typical = self._step_medians(comm, [c.name for c in self._final])
+        else:
+            candidates, windows, typical = [cm.Candidate(m) for m in cols], dict(self._screened), self._typical
+        none_s = windows.get("none", self._screened.get("none"))
+        winner, why = cm.choose(candidates, windows, none_s, typical, self.min_gain, self.step_margin)
+        self.allowed = [m for m in cols if m in winner.methods() or m == "none"]
         if "none" in cols:
             j = cols.index("none")
-            self._trial_none = {k: float(table[i, j]) for i, k in enumerate(keys) if table[i, j] < missing}
-        decisions = cm.decide(
-            self.model,
-            [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)],
-            allowed,
-            self.margin,
-            self.min_gain,
-        )
-        self.decisions = {d.key: d for d in decisions}
-        for i, d in enumerate(decisions):
-            self._switch_path(d.key, [d.method])
-            measured = {m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < missing}
+            self._trial_none = {k: float(table[i, j]) for i, k in enumerate(keys) if table[i, j] < MISSING}
+        physics = cm.fit(self._calibration or [], self._codecs, comm.size)
+        self.decisions = {}
+        for i, k in enumerate(keys):
+            n, method = self._nbytes[k], winner.method(k)
+            planned = self._plan.get(k) if winner.name == cm.PLAN else None
+            reason = why + (f"; this bucket: {planned.reason}" if planned is not None else "")
+            predicted = {m: self.model.predict(m, n, k) for m in cols}
+            none_s = self.model.predict("none", n, k)
+            d = cm.Decision(k, n, method, reason, self.model.predict(method, n, k), none_s, predicted)
+            self.decisions[k] = d
+            self._switch_path(k, [method])
             self._log(
                 "decision",
                 step=step,
-                bucket=d.key,
-                bytes=d.nbytes,
-                method=d.method,
-                reason=d.reason,
+                bucket=k,
+                bytes=n,
+                method=method,
+                candidate=winner.name,
+                reason=reason,
                 predicted_s=d.predicted_s,
                 predicted_gain_s=d.predicted_gain_s,
-                predicted={m: self.model.predict(m, d.nbytes, d.key) for m in cols},
-                measured_trial=measured,
-                trial_step_s=step_s,
-                vetoed=[m for m in cols if m not in allowed],
-                physics_predicted={m: physics.predict(m, d.nbytes) for m in cols},
+                predicted=predicted,
+                measured_trial={m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < MISSING},
+                trial_window_s=windows,
+                screen_window_s=self._screened,
+                typical_step_s=typical,
+                physics_predicted={m: physics.predict(m, n) for m in cols},
             )
         self.decided_step = step + 1
         self._times.clear()
         self._ready.clear()
         self._step_s.clear()
-        self._measured = [0.0, 0.0, 0.0, 0.0]
+        self._full_s.clear()
+        self._calls = []
 
     def _switch_path(self, key: str, path: List[str]) -> None:
         self.path[key] = path
         self._calm[key] = 0
 
     def _run_check(self, comm: Any, step: int) -> None:
-        """One allreduce (sum) of every checked sample and the drift sums; the verdicts."""
+        """One allreduce (sum) of every checked sample, one (min) of the interval's call times; the
+        verdicts and the drift."""
         checks, self._check = self._check, []
         parts = [both for _, _, both, _ in checks]
         total = (
             comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
         )
-        keys = sorted(self._per_bucket)  # the same buckets on every rank
-        sums = self._measured + [v for k in keys for v in self._per_bucket[k]]
-        drift = comm.allreduce(np.array(sums, np.float64), op="min")  # as the trials: least over ranks
-        per_bucket = {k: [float(drift[4 + 2 * i]), float(drift[5 + 2 * i])] for i, k in enumerate(keys)}
-        self._per_bucket = {}
+        calls, self._calls = self._calls, []
+        # as in the trials: each call's time is the least over ranks (the last to arrive waits not)
+        (seconds,) = _over_ranks(comm, [[t for _, _, t in calls]], "min")
+        per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
+        times: Dict[str, List[float]] = {}  # key -> its calls' times
+        measured = predicted = uncompressed = trial_none = 0.0
+        for (key, method, _), t in zip(calls, seconds):
+            nbytes = self._nbytes[key]
+            p = self.model.predict(method, nbytes, key) if self.model is not None else 0.0
+            per = per_bucket.setdefault(key, [0.0, 0.0])
+            per[0] += t
+            per[1] += p
+            times.setdefault(key, []).append(t)
+            measured, predicted = measured + t, predicted + p
+            if self.model is not None:
+                uncompressed += self.model.predict("none", nbytes, key)
+            trial_none += self._trial_none.get(key, 0.0)
+        # each bucket's median call times its calls: what a typical step took, robust to the odd
+        # call a pause or a neighbour's burst stretched (the sum keeps those)
+        typical = sum(float(np.median(t)) * len(t) for t in times.values())
         off = 0
         for key, method, both, got in checks:
             n = got.size
@@ -549,10 +677,8 @@ class AutoCompression:
             )
             off += 2 * n + 1
             self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
-        measured, predicted, uncompressed, trial_none = (float(v) for v in drift[:4])
-        self._measured = [0.0, 0.0, 0.0, 0.0]
         if predicted > 0:
-            rel = (measured - predicted) / predicted
+            rel, typical_rel = (measured - predicted) / predicted, (typical - predicted) / predicted
             # gains against the model's uncompressed time, and the trials' (none does not run once
             # decided; the trials' is 0 without none among the methods)
             self._log(
@@ -561,12 +687,14 @@ class AutoCompression:
                 measured_s=measured,
                 predicted_s=predicted,
                 relative=rel,
+                typical_s=typical,
+                typical_relative=typical_rel,
                 predicted_gain_s=uncompressed - predicted,
                 measured_gain_s=uncompressed - measured,
                 measured_gain_vs_trials_s=trial_none - measured if trial_none > 0 else None,
                 per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
             )
-            self._drifted = self._drifted + 1 if abs(rel) > self.drift else 0
+            self._drifted = self._drifted + 1 if abs(typical_rel) > self.drift else 0
             if self._drifted >= 2 and self._another_would_win(per_bucket):
                 self._redecide(
                     step,
@@ -638,7 +766,7 @@ class AutoCompression:
             self._calm[key] = 0
 
     def _redecide(self, step: int, why: str) -> None:
-        self.trial_start = step + 1
+        self._start_trials(step + 1)
         self.decided_step = None
         self._drifted = 0
         self._log("redecide", step=step, reason=why)
@@ -665,6 +793,10 @@ class AutoCompression:
             "pending": {k: v.copy() for k, v in self._pending.items()},
             "path": {k: list(p) for k, p in self.path.items()},
             "trial_start": self.trial_start,
+            "trial_end": self._trial_end,  # as the screen set it (before: the most the trials may take)
+            "screened": dict(self._screened),
+            "typical": self._typical,
+            "final": [[c.name, dict(c.plan)] for c in self._final],
             "decided_step": self.decided_step,
             "allowed": list(self.allowed),
         }
@@ -676,12 +808,29 @@ class AutoCompression:
         self._pending = {k: np.array(v, np.float32) for k, v in state["pending"].items()}
         self.path = {k: list(p) for k, p in state["path"].items()}
         self._calm = {k: 0 for k in self.path}
-        self.trial_start, self.decided_step = state["trial_start"], state["decided_step"]
+        self._start_trials(state["trial_start"])
+        self._trial_end = state["trial_end"]
+        self._screened, self._typical = dict(state["screened"]), state["typical"]
+        self._final = [cm.Candidate(name, dict(plan)) for name, plan in state["final"]]
+        self.decided_step = state["decided_step"]
         self.allowed = list(state["allowed"])
 
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _over_ranks(comm: Any, lists: Sequence[Sequence[float]], op: str) -> List[List[float]]:
+    """Element by element, the least ("min") or greatest ("max") over ranks of lists of timings
+    (one allreduce; the lists may be ragged or empty: padding takes no part)."""
+    width = max([len(x) for x in lists] + [0])
+    width = int(comm.allreduce(np.array([width], np.float64), op="max")[0])
+    pad = 1e300 if op == "min" else -1e300
+    grid = np.full((len(lists), width), pad)
+    for i, x in enumerate(lists):
+        grid[i, : len(x)] = x
+    grid = comm.allreduce(grid.reshape(-1), op=op).reshape(len(lists), width)
+    return [[float(v) for v in row if abs(v) < 1e299] for row in grid]
 
 
 def calibrate(

@@ -227,6 +227,88 @@ def decide(
     return out
 
 
+# -- measured candidates (compression="auto"'s final trial steps) ---------------------------------
+PLAN = "plan"  # the candidate that sends each bucket with the model's choice (decide())
+# A method whose screening time (median) is within this fraction of a step of the fastest's goes
+# on to the final: two counted steps a method on a shared machine cannot tell closer ones apart.
+SCREEN_BAND = 0.25
+
+
+@dataclass
+class Candidate:
+    """A way to send a step's buckets: one method for all (name = the method), or the model's
+    per-bucket plan (name = PLAN; buckets it has not seen go uncompressed)."""
+
+    name: str
+    plan: Dict[str, str] = field(default_factory=dict)  # key -> method (PLAN only)
+
+    def method(self, key: str) -> str:
+        return self.plan.get(key, "none") if self.name == PLAN else self.name
+
+    def methods(self) -> List[str]:
+        return sorted(set(self.plan.values()) or {"none"}) if self.name == PLAN else [self.name]
+
+    @property
+    def lossiness(self) -> int:
+        """Its lossiest method's place in LOSSINESS (unknown methods after all of them)."""
+        return max(LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS) for m in self.methods())
+
+
+def finalists(
+    screened: Dict[str, float], plan: Dict[str, str], cap: int, step_s: float, band: float = SCREEN_BAND
+) -> List[Candidate]:
+    """The candidates of the final: the methods whose screening time is within `band` x step_s
+    (a typical step) of the fastest's (fastest first, at most cap - 1 of them), and the model's
+    per-bucket plan when it differs from all of them (or cap of the methods when it does not)."""
+    if not screened:
+        return []
+    fastest = min(screened.values())
+    near = [m for m in sorted(screened, key=lambda m: (screened[m], m)) if screened[m] <= fastest + band * step_s]
+    uniform = set(plan.values())
+    mixed = bool(plan) and not (len(uniform) == 1 and next(iter(uniform)) in near[:cap])
+    out = [Candidate(m) for m in near[: cap - 1 if mixed else cap]]
+    return out + ([Candidate(PLAN, dict(plan))] if mixed else [])
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    times: Dict[str, float],
+    none_s: Optional[float],
+    step_s: float,
+    min_gain: float = 0.05,
+    margin: float = 0.02,
+) -> Tuple[Candidate, str]:
+    """The candidate to train with, from the measured time each one's steps took (name ->
+    seconds, median; none_s: uncompressed steps', None when not measured) and a typical step
+    (step_s): among those measured, a compressed one only when it saved at least min_gain of a
+    step against uncompressed; the least lossy within `margin` of a step of the fastest of
+    those (ties: the faster). Deterministic: the same inputs give the same choice on every rank."""
+    measured = [c for c in candidates if c.name in times]
+    if not measured:
+        raise ValueError("no candidate was measured")
+
+    def gains(c: Candidate) -> bool:
+        return none_s is None or c.name == "none" or times[c.name] <= none_s - min_gain * step_s
+
+    eligible = [c for c in measured if gains(c)]
+    ms = ", ".join(f"{c.name} {1e3 * times[c.name]:.2f}" for c in sorted(measured, key=lambda c: times[c.name]))
+    if not eligible:
+        if none_s is not None:
+            reason = (
+                f"no method saved {min_gain:.0%} of a {1e3 * step_s:.2f} ms step against uncompressed "
+                f"({1e3 * none_s:.2f} ms; medians, ms: {ms})"
+            )
+            return Candidate("none"), reason
+        eligible = measured
+    fastest = min(times[c.name] for c in eligible)
+    near = [c for c in eligible if times[c.name] <= fastest + margin * step_s]
+    pick = min(near, key=lambda c: (c.lossiness, times[c.name]))
+    return pick, (
+        f"measured (median ms): {ms}; the least lossy within {margin:.0%} of a {1e3 * step_s:.2f} ms step "
+        "of the fastest"
+    )
+
+
 def render(decisions: Sequence[Decision]) -> str:
     """A human-readable table of decisions."""
     lines = [f"{'bucket':<28} {'MiB':>7} {'method':>7} {'pred ms':>8} {'none ms':>8}  reason"]

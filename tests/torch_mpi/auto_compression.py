@@ -74,10 +74,24 @@ def shared_dir():
 
 
 def case_decisions_identical_on_every_rank(ck: Checks):
-    auto = zcoll.AutoCompression(trial_repeats=2, check_every=4)
-    model, state = train(auto, 1 + 2 * len(auto.methods) + 3)
+    auto = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=4)
+    most = auto.trial_steps  # the screen (2 x 7 steps) and the most a final may take (2 x 4)
+    model, state = train(auto, 1 + most + 3)
+    (screen,) = events(auto, "screen")
+    ck.check(screen["step"] == 2 * len(auto.methods), "the screen ends after 2 steps a method", f"{screen}")
+    finalists = screen["finalists"]
     ck.check(
-        auto.decided_step == 1 + 2 * len(auto.methods), "decided after the trials", f"{auto.decided_step}"
+        auto.decided_step == 1 + 2 * len(auto.methods) + 2 * len(finalists) <= 1 + most,
+        "decided after the screen and a final of two rounds",
+        f"{auto.decided_step} {finalists}",
+    )
+    decided = events(auto, "decision")
+    ck.check(
+        all(e["candidate"] in finalists and set(e["trial_window_s"]) == set(finalists) for e in decided)
+        if len(finalists) > 1
+        else all(set(e["trial_window_s"]) == set(auto.methods) for e in decided),
+        "the final's candidates decide on their own steps",
+        f"{decided}",
     )
     report = auto.report()
     ck.check(len(report["decisions"]) >= 2, "one decision per bucket", f"{len(report['decisions'])}")
@@ -165,7 +179,7 @@ def case_residual_bound_escalates(ck: Checks):
 def case_trials_start_after_the_hooks_warmup(ck: Checks):
     # the hook's warm-up steps send uncompressed without calling auto; its trials were once
     # scheduled from step 1 only, so after a warm-up longer than them it never decided
-    auto = zcoll.AutoCompression(methods=("int8", "sign"), trial_repeats=2, check_every=2, drift=math.inf)
+    auto = zcoll.AutoCompression(methods=("int8", "sign"), trial_repeats=2, final_rounds=0, check_every=2, drift=math.inf)
     train(auto, 10, warmup=5)  # trials at steps 5-8; the decision runs from step 9
     ck.check(auto.decided_step == 9, "decided after the trial steps that follow the warm-up", str(auto.report()))
     ck.check(
@@ -189,6 +203,12 @@ def case_guard_times_itself(ck: Checks):
         "guard_seconds sums them; the steps since the first call are covered once",
         f"{auto.guard_seconds} {cost}",
     )
+    ck.check(
+        all(0 < e["cpu_seconds"] <= e["seconds"] + 1e-4 for e in cost)
+        and auto.guard_cpu_seconds == sum(e["cpu_seconds"] for e in cost),
+        "its CPU time too (the worker thread's: never more than the wall time it was measured in)",
+        str(cost),
+    )
 
 
 def case_redecides_when_the_link_verdict_changes(ck: Checks):
@@ -202,7 +222,7 @@ def case_redecides_when_the_link_verdict_changes(ck: Checks):
         return type("Verdict", (), {"label": next(labels)})()
 
     comm.diagnose = diagnose
-    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, drift=math.inf, diagnose_every=2)
+    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, final_rounds=0, drift=math.inf, diagnose_every=2)
     train(auto, 14, model)  # decided at the end of step 4; verdicts at 4, 6, 8, 10 (changed): trials from 11
     again = events(auto, "redecide")
     ck.check(
@@ -214,7 +234,7 @@ def case_redecides_when_the_link_verdict_changes(ck: Checks):
 
 
 def case_redecides_on_drift(ck: Checks):
-    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, check_every=2, drift=0.0)
+    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, final_rounds=0, check_every=2, drift=0.0)
     auto._another_would_win = lambda per_bucket: True  # judged in test_auto_compression.py
     train(auto, 15)  # decided at 5; drift checks at 6 and 8 -> re-decide; trials 9-12, decided at 13
     again = events(auto, "redecide")
@@ -224,7 +244,7 @@ def case_redecides_on_drift(ck: Checks):
 
 def case_metrics_log(ck: Checks):
     path = os.path.join(shared_dir(), "metrics.jsonl")
-    auto = zcoll.AutoCompression(methods=("int8", "top1%"), trial_repeats=2, check_every=2, metrics_path=path)
+    auto = zcoll.AutoCompression(methods=("int8", "top1%"), trial_repeats=2, final_rounds=0, check_every=2, metrics_path=path)
     train(auto, 1 + 4 + 4)
     auto.close()
     dist.barrier()
@@ -273,7 +293,7 @@ def case_recommend_does_not_apply(ck: Checks):
             step(m, opt, i)
     ck.check(torch.equal(flat(model), flat(reference)), "the model trains as without recommend()")
     # with an auto hook that has decided: its own decision
-    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2)
+    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, final_rounds=0)
     model, state = train(auto, 7)
     again = zcoll.torch.recommend(model)
     ck.check(again["decisions"] == auto.report()["decisions"], "the hook's decision", again["source"])
@@ -285,7 +305,7 @@ def case_with_momentum_correction_profiler_and_checkpoint(ck: Checks):
     model = DDP(net(), bucket_cap_mb=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     auto = zcoll.AutoCompression(
-        methods=("none", "int8", "top1%"), trial_repeats=2, check_every=2, drift=math.inf
+        methods=("none", "int8", "top1%"), trial_repeats=2, final_rounds=0, check_every=2, drift=math.inf
     )
     state = zcoll.torch.apply_gradient_compression(model, auto, 1, optimizer=opt)  # Adam: warm-up >= 1
     with zcoll.torch.profile(model, shared_dir(), optimizer=opt):
@@ -306,7 +326,7 @@ def case_with_momentum_correction_profiler_and_checkpoint(ck: Checks):
     model2.load_state_dict(saved["model"])
     opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3)
     auto2 = zcoll.AutoCompression(
-        methods=("none", "int8", "top1%"), trial_repeats=2, check_every=2, drift=math.inf
+        methods=("none", "int8", "top1%"), trial_repeats=2, final_rounds=0, check_every=2, drift=math.inf
     )
     state2 = zcoll.torch.apply_gradient_compression(model2, auto2, 1, optimizer=opt2)
     state2.load_state_dict(saved["state"])
