@@ -15,7 +15,9 @@ JSON that rank 0 writes. Timing, in order:
    entry: the same gradients, cut into that model's own DDP buckets, through the configuration's
    collective alone, bucket after bucket (:func:`comm_only`).
 3. Warm-up: ``--warmup`` untimed steps per entry, comm entries included (covers DDP's bucket
-   rebuild after step 1, the PowerSGD hook's first compressed step, the compressors' first calls).
+   rebuild after step 1, the PowerSGD hook's first compressed step, the compressors' first calls);
+   with PowerSGD or compression="auto" among the configurations, every model warms up as long
+   as they need (auto: its trial steps), so that every model has trained as many steps.
 4. ``--rounds`` rounds; each visits every entry once, in a seeded order that changes per round and
    is the same on every rank, for one untimed settling step (``--settle``) and then its share of
    ``--steps`` timed steps. A timed step: MPI barrier, then forward, backward (DDP communicates),
@@ -414,10 +416,14 @@ def timing(job: Job) -> None:
         for label, mb, note in bucket_settings(job, c) if c.ddp else [("-", None, "")]:
             job.at("build", c.name)
             steps.append(StepEntry(job, c, label, mb, note))
-    job.say(f"{len(steps)} models built; warm-up: {a.warmup} steps each")
+    # every model as far into training as the one that needs the longest warm-up: a step's time
+    # changes as a model trains (the 2.18M MLP's sign steps over the emulated link: 33 ms after
+    # 3 warm-up steps, 40 ms after 50), so models compared must have trained as many steps
+    warm = max(warmup_steps(job, e.config) for e in steps)
+    job.say(f"{len(steps)} models built; warm-up: {warm} steps each")
     for e in steps:
         job.at("warmup", e.name)
-        for _ in range(warmup_steps(job, e.config)):
+        for _ in range(warm):
             e.timed(record=False)
     comms = []
     for e in steps:

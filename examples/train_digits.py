@@ -87,7 +87,9 @@ def options():
         help="the guarded configurations' residual-to-gradient bound (default %(default)s; 0: off)",
     )
     p.add_argument("--check-every", type=int, default=10, help="updates between the guard's checks")
-    p.add_argument("--guard-log", default=None, help="directory for the guarded configurations' JSON-lines logs")
+    p.add_argument(
+        "--guard-log", default=None, help="directory for the guarded configurations' JSON-lines logs"
+    )
     p.add_argument("--kill-rank", type=int, default=None, help="fault injection: the rank to kill")
     p.add_argument("--kill-at-step", type=int, default=0, help="fault injection: after this update")
     return p.parse_args()
@@ -187,7 +189,9 @@ def train(name, args, world, groups, data):
         model=model if name == "accum4" else None,
     )
     compression = None
-    if name in COMPRESSORS or name in GUARDED:  # the first 10% of the updates uncompressed, then momentum correction
+    if (
+        name in COMPRESSORS or name in GUARDED
+    ):  # the first 10% of the updates uncompressed, then momentum correction
         warmup = max(1, args.epochs * (len(xtr) // (args.batch * size)) // 10)
         compressor = COMPRESSORS[name]() if name in COMPRESSORS else guarded(args, name)
         compression = zcoll.torch.apply_gradient_compression(model, compressor, warmup, optimizer=opt)
@@ -247,9 +251,13 @@ def train(name, args, world, groups, data):
         "params": params,
         "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
         "methods": dict(auto.calls_by_method) if auto is not None else None,
-        "guard_ms": world.allreduce(auto.guard_seconds, op=_max()) / run.updates * 1e3 if auto is not None else None,
+        "guard_ms": world.allreduce(auto.guard_seconds, op=_max()) / run.updates * 1e3
+        if auto is not None
+        else None,
         "guard_cpu_ms": (
-            world.allreduce(auto.guard_cpu_seconds, op=_max()) / run.updates * 1e3 if auto is not None else None
+            world.allreduce(auto.guard_cpu_seconds, op=_max()) / run.updates * 1e3
+            if auto is not None
+            else None
         ),
     }
 

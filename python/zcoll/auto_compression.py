@@ -544,7 +544,9 @@ class AutoCompression:
         cols = list(self.methods)
         calls = _over_ranks(comm, [self._times.get((k, m), []) for k in keys for m in cols], "min")
         medians = [float(np.median(t)) if t else MISSING for t in calls]
-        ready = comm.allreduce(np.array([float(np.median(self._ready.get(k, [0.0]))) for k in keys]), op="min")
+        ready = comm.allreduce(
+            np.array([float(np.median(self._ready.get(k, [0.0]))) for k in keys]), op="min"
+        )
         table = np.column_stack([np.array(medians).reshape(len(keys), len(cols)), ready])
         trials = {
             m: [(k, self._nbytes[k], table[i, j]) for i, k in enumerate(keys) if table[i, j] < MISSING]
@@ -593,7 +595,11 @@ class AutoCompression:
             candidates = self._final
             windows, typical = self._step_medians(comm, [c.name for c in self._final])
         else:
-            candidates, windows, typical = [cm.Candidate(m) for m in cols], dict(self._screened), self._typical
+            candidates, windows, typical = (
+                [cm.Candidate(m) for m in cols],
+                dict(self._screened),
+                self._typical,
+            )
         none_s = windows.get("none", self._screened.get("none"))
         winner, why = cm.choose(candidates, windows, none_s, typical, self.min_gain, self.step_margin)
         self.allowed = [m for m in cols if m in winner.methods() or m == "none"]

@@ -3,7 +3,8 @@ and ``zcoll.torch.recommend``: which method each DDP bucket should travel with.
 
 Model (the terms of zcoll.step_model.Link, the step model of ``zcoll report``, per bucket):
 
-1. time(method, bucket of n dense bytes) = alpha_m + max(beta * wire(method, n), codec(method, n))
+1. time(method, bucket b of n dense bytes) = alpha_m + offset_b + pair_mb
+                                             + max(beta * wire(method, n), codec(method, n))
 
    - beta: seconds per byte a rank sends, from allreduces of several sizes through the group
      (the calibration); it is the group's measured rate, so the tiers it crosses (shared
@@ -15,7 +16,10 @@ Model (the terms of zcoll.step_model.Link, the step model of ``zcoll report``, p
    - alpha_m + offset_b: what the trial steps' calls took beyond the max term, split into a
      per-call cost per method and an offset per bucket (its place in the step: the backward
      computation it shares the cores with), fitted on this job (median polish); before any
-     trial, alpha is the calibration's smallest allreduce and there is no offset.
+     trial, alpha is the calibration's smallest allreduce and there is no offset;
+   - pair_mb: what remains of a measured (method, bucket) pair after those (the cores a bucket
+     shares with the backward pass slow methods unequally), so each measured pair is
+     reproduced; pairs not measured are extrapolated by the additive terms.
 2. What the step's overlap hides: bucket j is handed over at ready_j (measured, from the first
    bucket's hand-over); one worker runs the buckets in order, so bucket j ends at
    max(ready_j, end_{j-1}) + time_j, and the step pays exposed = max(0, end_last - ready_last).
@@ -94,6 +98,9 @@ class CostModel:
     link: Link
     alpha: Dict[str, float] = field(default_factory=dict)  # fitted per-call cost per method
     offset: Dict[str, float] = field(default_factory=dict)  # fitted per bucket (its place in the step)
+    # what a measured (method, bucket) pair took beyond transfer + alpha + offset: the terms above
+    # are additive, the cores a bucket shares with the backward pass slow methods unequally
+    pair: Dict[Tuple[str, str], float] = field(default_factory=dict)
 
     def transfer(self, method: str, nbytes: float) -> float:
         """The bandwidth and kernel term, without the per-call cost."""
@@ -103,7 +110,12 @@ class CostModel:
         """Seconds of one bucket's allreduce; never less than its transfer term (a fitted
         per-call cost or offset can be negative where the calibration overestimated)."""
         t = self.transfer(method, nbytes)
-        return max(t, t + self.alpha.get(method, self.link.alpha) + self.offset.get(key, 0.0))
+        extra = (
+            self.alpha.get(method, self.link.alpha)
+            + self.offset.get(key, 0.0)
+            + self.pair.get((method, key), 0.0)
+        )
+        return max(t, t + extra)
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -113,6 +125,7 @@ class CostModel:
             "ranks": self.link.ranks,
             "alpha_per_method_s": dict(self.alpha),
             "offset_per_bucket_s": dict(self.offset),
+            "pair_s": {f"{m} {k}": v for (m, k), v in sorted(self.pair.items())},
             "codecs": {
                 m: {k: c[k] for k in ("encode_s_per_byte", "decode_s_per_byte", "payload_ratio", "exchange")}
                 for m, c in self.link.codecs.items()
@@ -131,7 +144,10 @@ def fit(
     {method: [(bucket key, dense bytes, seconds)]}: what the measurements took beyond the
     transfer term, split additively into a per-call cost per method and an offset per bucket
     (what its place in the step adds: the computation it competes with for the cores), by
-    Tukey's median polish (medians, so one slow trial moves neither much)."""
+    Tukey's median polish (medians, so one slow trial moves neither much); what remains of each
+    measured pair is kept too (CostModel.pair), so the model reproduces every pair the trials
+    measured and extrapolates by the additive terms to pairs they did not (a new bucket, an
+    escalation)."""
     points = [{"bytes": b, "wire": w, "seconds": s} for b, w, s in calibration]
     link = fit_link([], "none", codecs, ranks, {"points": points}, None)
     link.wire_per_byte = 2.0 * (ranks - 1) / ranks
@@ -152,6 +168,7 @@ def fit(
             k: float(np.median([v - alpha[m] for (m, kk), v in extra.items() if kk == k])) for k in keys
         }
     model.alpha, model.offset = alpha, offset
+    model.pair = {(m, k): v - alpha[m] - offset[k] for (m, k), v in extra.items()}
     return model
 
 
@@ -263,7 +280,9 @@ def finalists(
     if not screened:
         return []
     fastest = min(screened.values())
-    near = [m for m in sorted(screened, key=lambda m: (screened[m], m)) if screened[m] <= fastest + band * step_s]
+    near = [
+        m for m in sorted(screened, key=lambda m: (screened[m], m)) if screened[m] <= fastest + band * step_s
+    ]
     uniform = set(plan.values())
     mixed = bool(plan) and not (len(uniform) == 1 and next(iter(uniform)) in near[:cap])
     out = [Candidate(m) for m in near[: cap - 1 if mixed else cap]]
@@ -291,7 +310,9 @@ def choose(
         return none_s is None or c.name == "none" or times[c.name] <= none_s - min_gain * step_s
 
     eligible = [c for c in measured if gains(c)]
-    ms = ", ".join(f"{c.name} {1e3 * times[c.name]:.2f}" for c in sorted(measured, key=lambda c: times[c.name]))
+    ms = ", ".join(
+        f"{c.name} {1e3 * times[c.name]:.2f}" for c in sorted(measured, key=lambda c: times[c.name])
+    )
     if not eligible:
         if none_s is not None:
             reason = (

@@ -117,7 +117,7 @@ def _serve(log: MetricsLog, port: int) -> Any:
 
 
 # -- zcoll report ------------------------------------------------------------------------------------
-EVENTS = ("bucket", "decision", "measured", "check", "escalate", "relax", "redecide")
+EVENTS = ("bucket", "screen", "decision", "measured", "check", "escalate", "relax", "redecide", "guard_cost")
 
 
 def is_metrics_log(path: Any) -> bool:
@@ -139,6 +139,15 @@ def report(path: Any) -> str:
     method the mean compression ratio and residual-to-gradient norm ratio."""
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     out = [f"compression metrics: {path} ({len(rows)} events)"]
+    for r in rows:
+        if r["event"] == "screen":
+            windows = ", ".join(
+                f"{m} {1e3 * t:.2f}" for m, t in sorted(r["window_s"].items(), key=lambda kv: kv[1])
+            )
+            out.append(
+                f"screen at step {r['step']} (median windows, ms; a step {1e3 * r['typical_step_s']:.2f}): {windows}; "
+                f"final: {', '.join(r['finalists']) or '-'}"
+            )
     decisions = [r for r in rows if r["event"] == "decision"]
     if decisions:
         out.append("decisions (predicted / measured in the trials, ms):")
@@ -161,6 +170,12 @@ def report(path: Any) -> str:
             f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
             f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
         )
+        typical = sorted(abs(r["typical_relative"]) for r in measured if "typical_relative" in r)
+        if typical:
+            out.append(
+                f"  typical calls (each bucket's median call times its calls): median |error| "
+                f"{100 * typical[len(typical) // 2]:.1f}%, worst {100 * typical[-1]:.1f}%"
+            )
         per: Dict[str, list] = {}
         for r in measured:
             for key, (got, want) in r.get("per_bucket", {}).items():

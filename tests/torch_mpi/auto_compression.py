@@ -179,9 +179,13 @@ def case_residual_bound_escalates(ck: Checks):
 def case_trials_start_after_the_hooks_warmup(ck: Checks):
     # the hook's warm-up steps send uncompressed without calling auto; its trials were once
     # scheduled from step 1 only, so after a warm-up longer than them it never decided
-    auto = zcoll.AutoCompression(methods=("int8", "sign"), trial_repeats=2, final_rounds=0, check_every=2, drift=math.inf)
+    auto = zcoll.AutoCompression(
+        methods=("int8", "sign"), trial_repeats=2, final_rounds=0, check_every=2, drift=math.inf
+    )
     train(auto, 10, warmup=5)  # trials at steps 5-8; the decision runs from step 9
-    ck.check(auto.decided_step == 9, "decided after the trial steps that follow the warm-up", str(auto.report()))
+    ck.check(
+        auto.decided_step == 9, "decided after the trial steps that follow the warm-up", str(auto.report())
+    )
     ck.check(
         sum(auto.calls_by_method.values()) == 5 * len(auto.path) and auto.calls_by_method.get("none", 0) == 0,
         "every bucket call after the warm-up went compressed (trials, then the decision)",
@@ -222,7 +226,9 @@ def case_redecides_when_the_link_verdict_changes(ck: Checks):
         return type("Verdict", (), {"label": next(labels)})()
 
     comm.diagnose = diagnose
-    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, final_rounds=0, drift=math.inf, diagnose_every=2)
+    auto = zcoll.AutoCompression(
+        methods=("none", "int8"), trial_repeats=2, final_rounds=0, drift=math.inf, diagnose_every=2
+    )
     train(auto, 14, model)  # decided at the end of step 4; verdicts at 4, 6, 8, 10 (changed): trials from 11
     again = events(auto, "redecide")
     ck.check(
@@ -234,7 +240,9 @@ def case_redecides_when_the_link_verdict_changes(ck: Checks):
 
 
 def case_redecides_on_drift(ck: Checks):
-    auto = zcoll.AutoCompression(methods=("none", "int8"), trial_repeats=2, final_rounds=0, check_every=2, drift=0.0)
+    auto = zcoll.AutoCompression(
+        methods=("none", "int8"), trial_repeats=2, final_rounds=0, check_every=2, drift=0.0
+    )
     auto._another_would_win = lambda per_bucket: True  # judged in test_auto_compression.py
     train(auto, 15)  # decided at 5; drift checks at 6 and 8 -> re-decide; trials 9-12, decided at 13
     again = events(auto, "redecide")
@@ -244,7 +252,9 @@ def case_redecides_on_drift(ck: Checks):
 
 def case_metrics_log(ck: Checks):
     path = os.path.join(shared_dir(), "metrics.jsonl")
-    auto = zcoll.AutoCompression(methods=("int8", "top1%"), trial_repeats=2, final_rounds=0, check_every=2, metrics_path=path)
+    auto = zcoll.AutoCompression(
+        methods=("int8", "top1%"), trial_repeats=2, final_rounds=0, check_every=2, metrics_path=path
+    )
     train(auto, 1 + 4 + 4)
     auto.close()
     dist.barrier()
