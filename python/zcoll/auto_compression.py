@@ -414,10 +414,16 @@ class AutoCompression:
         )
 
     def _sample_indices(self, key: str, step: int, n: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, zlib.crc32(key.encode()), step])
-        drawn = np.sort(rng.integers(0, n, size=min(n, self.sample)))  # O(sample)
-        # sorted and without repeats; np.unique took 0.6 ms for 4096 indices (sorting is 30 us)
-        return drawn[np.concatenate(([True], drawn[1:] != drawn[:-1]))] if drawn.size else drawn
+        """An exact check's `sample` indices of a bucket of n elements: every stride-th element
+        from an offset drawn from (seed, key, step), so the same on every rank, different at
+        every check, spread over every layer, sorted and without repeats (a random draw,
+        sorted and deduplicated, cost 0.35 ms of the hook's worker at each check under load)."""
+        k = min(n, self.sample)
+        if k == 0:
+            return np.zeros(0, np.int64)
+        stride = n // k
+        offset = zlib.crc32(f"{self.seed}/{key}/{step}".encode()) % stride
+        return offset + stride * np.arange(k, dtype=np.int64)
 
     def _corrupt(self, y: np.ndarray, key: str, step: int) -> None:
         rng = np.random.default_rng([self.seed + 1, zlib.crc32(key.encode()), step])
@@ -462,20 +468,13 @@ class AutoCompression:
         self._residual_ratio[key] = r
         ratio = stats.ratio if stats is not None else 1.0
         m = self.metrics
-        if m is not None:
+        if m is None:
+            return
+        if m.server is not None:  # the gauges are for Prometheus only
             m.set("zcoll_compression_ratio", ratio, bucket=key, method=method)
             m.set("zcoll_compression_residual_ratio", r, bucket=key, method=method)
             m.set("zcoll_compression_comm_seconds", seconds, bucket=key, method=method)
-            m.write(
-                "bucket",
-                step=step,
-                bucket=key,
-                method=method,
-                ratio=ratio,
-                residual_ratio=r,
-                nonfinite=stats.nonfinite if stats is not None else 0,
-                seconds=seconds,
-            )
+        m.write_bucket(step, key, method, ratio, r, stats.nonfinite if stats is not None else 0, seconds)
 
     def _log(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})

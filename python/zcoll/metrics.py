@@ -15,6 +15,7 @@ format served by a small HTTP thread.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ class MetricsLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
         self._values: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+        self._names: Dict[Tuple[str, str], Tuple[str, str]] = {}  # (bucket, method) -> their JSON
         self._lock = threading.Lock()
         port = int(_C.env_get("ZCOLL_METRICS_PORT")) if port is None else int(port)
         self.server = _serve(self, port + rank) if port else None
@@ -55,6 +57,30 @@ class MetricsLog:
             self._file.write(json.dumps({"t": time.time(), "event": event, **fields}, default=float) + "\n")
             if event != "bucket":
                 self._file.flush()
+
+    def write_bucket(
+        self,
+        step: int,
+        bucket: str,
+        method: str,
+        ratio: float,
+        residual_ratio: float,
+        nonfinite: int,
+        seconds: float,
+    ) -> None:
+        """write("bucket", ...) for the guard's per-step line, formatted directly: json.dumps
+        took ~70 us of the hook's worker per bucket and step under load."""
+        if self._file is None:
+            return
+        names = self._names.get((bucket, method))
+        if names is None:
+            names = self._names[(bucket, method)] = (json.dumps(bucket), json.dumps(method))
+        f = [_number(v) for v in (ratio, residual_ratio, seconds)]
+        self._file.write(
+            f'{{"t": {time.time()!r}, "event": "bucket", "step": {int(step)}, "bucket": {names[0]}, '
+            f'"method": {names[1]}, "ratio": {f[0]}, "residual_ratio": {f[1]}, "nonfinite": {int(nonfinite)}, '
+            f'"seconds": {f[2]}}}\n'
+        )
 
     def set(self, name: str, value: float, **labels: str) -> None:
         with self._lock:
@@ -87,6 +113,12 @@ class MetricsLog:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def _number(v: float) -> str:
+    """A float as json.dumps writes it (repr; Infinity and NaN spelled its way)."""
+    v = float(v)
+    return repr(v) if math.isfinite(v) else json.dumps(v)
 
 
 def _escape(v: str) -> str:
