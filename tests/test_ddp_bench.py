@@ -16,20 +16,7 @@ import pytest
 from mpi_util import ROOT, run
 
 SCRIPT = ROOT / "bench" / "ddp_step.py"
-CONFIGS = [
-    "compute",
-    "gloo",
-    "gloo-fp16",
-    "gloo-powersgd",
-    "zcoll",
-    "zcoll-fp16",
-    "zcoll-bf16",
-    "zcoll-int8",
-    "zcoll-int4",
-    "zcoll-top10%",
-    "zcoll-sign",
-    "zcoll-top1%",
-]
+CONFIGS = ["compute", "gloo", "gloo-fp16", "gloo-powersgd"] + ddp_step.FIXED  # "all"
 # After 2 epochs of digits the uncompressed runs are near 90%; sign and top-1% (error feedback,
 # no warm-up) trail by up to ~15 points. Chance is 10%.
 LEARNED = 0.60  # every configuration, compute-only included
