@@ -416,9 +416,8 @@ def timing(job: Job) -> None:
         for label, mb, note in bucket_settings(job, c) if c.ddp else [("-", None, "")]:
             job.at("build", c.name)
             steps.append(StepEntry(job, c, label, mb, note))
-    # every model as far into training as the one that needs the longest warm-up: a step's time
-    # changes as a model trains (the 2.18M MLP's sign steps over the emulated link: 33 ms after
-    # 3 warm-up steps, 40 ms after 50), so models compared must have trained as many steps
+    # every model as far into training as the one that needs the longest warm-up, so that the
+    # models compared have trained as many steps (auto's trials are 46)
     warm = max(warmup_steps(job, e.config) for e in steps)
     job.say(f"{len(steps)} models built; warm-up: {warm} steps each")
     for e in steps:
