@@ -123,6 +123,15 @@ def test_fit_per_method_and_bucket():
     assert m.predict("int8", MIB, "b0") == pytest.approx(1.0)
     # a pair not measured (here: a bucket the trials did not see): the additive terms alone
     assert m.predict("int8", MIB, "new") == pytest.approx(physics.transfer("int8", MIB) + m.alpha["int8"])
+    # a pair measured faster than its transfer term (a token bucket's burst) is still reproduced;
+    # an unmeasured one is never predicted below its kernels plus the smallest allreduce
+    fast = {"int8": [("b0", MIB, 0.25 * physics.transfer("int8", MIB))], "none": [("b0", MIB, 1e-5)]}
+    m = cm.fit(cal, codecs(), 2, fast)
+    assert m.predict("int8", MIB, "b0") == pytest.approx(fast["int8"][0][2], rel=1e-9)
+    assert m.predict("none", MIB, "b0") == pytest.approx(1e-5, rel=1e-9)
+    floor = physics.link.codec_time("int8", 4 * MIB) + physics.link.alpha
+    assert m.predict("int8", 4 * MIB, "new") >= floor
+    assert m.predict("none", 4 * MIB, "new") >= physics.link.alpha > 0
 
 
 def test_finalists_near_the_fastest_and_the_plan():
@@ -165,6 +174,19 @@ def test_choose_measured_least_lossy_and_not_slower_than_uncompressed():
     assert pick.name == cm.PLAN
     with pytest.raises(ValueError, match="no candidate"):
         cm.choose(cands, {}, None, 0.100)
+
+
+def test_paired_medians_cancel_what_slows_a_round():
+    # b is 1 ms faster than a but for one round; rounds 2 and 3 were slowed as a whole (a
+    # neighbour's burst), round 4 only b's step: plain medians (a 10, b 29) would pick a
+    rounds = {"a": [10.0, 30.0, 30.0, 10.0, 10.0], "b": [9.0, 29.0, 29.0, 29.0, 9.0]}
+    assert np.median(rounds["a"]) < np.median(rounds["b"])
+    got = cm.paired_medians(rounds)
+    assert got["a"] - got["b"] == pytest.approx(1.0)
+    # rounds a candidate lacks are left out; a candidate not measured is absent
+    got = cm.paired_medians({"a": [10.0, 12.0, 99.0], "b": [11.0, 13.0], "c": []})
+    assert set(got) == {"a", "b"} and got["b"] - got["a"] == pytest.approx(1.0)
+    assert cm.paired_medians({}) == {} and cm.paired_medians({"a": []}) == {}
 
 
 def test_exposed():

@@ -26,8 +26,10 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    within SCREEN_BAND of a step of the fastest's, and the plan (compression_model.finalists,
    at most ``finalists``).
 3. Final (``final_rounds`` rounds) and decision (:meth:`_decide`): the candidates take turns a
-   step each, so that what else the machine does falls on all of them alike; the one with
-   the best median window wins (compression_model.choose: a compressed one only when it saved
+   step each, so that what else the machine does falls on all of them alike; each one's time
+   is the median over rounds of its window against its round's (compression_model.
+   paired_medians: what slows a whole round cancels); the best wins (compression_model.choose:
+   a compressed one only when it saved
    ``min_gain`` of a step against uncompressed, the least lossy within ``step_margin`` of a
    step of the fastest). The model itself judges only communication; the steps also pay what the
    codecs take from the computation (they share the cores), so the steps decide. A
@@ -553,13 +555,18 @@ class AutoCompression:
         }
         return cm.fit(self._calibration or [], self._codecs, comm.size, trials), table
 
-    def _step_medians(self, comm: Any, names: Sequence[str]) -> Tuple[Dict[str, float], float]:
-        """Per candidate name its trial steps' median window, and the trial steps' median end to
-        end time (a typical step); every step the slowest rank's."""
+    def _step_medians(
+        self, comm: Any, names: Sequence[str], paired: bool = False
+    ) -> Tuple[Dict[str, float], float]:
+        """Per candidate name its trial steps' median window (paired: the final's, round by round,
+        compression_model.paired_medians), and the trial steps' median end to end time (a typical
+        step); every step the slowest rank's."""
         names = list(names)
         steps = _over_ranks(comm, [self._step_s.get(n, []) for n in names] + [self._full_s], "max")
-        full = steps.pop()
-        return {n: float(np.median(t)) for n, t in zip(names, steps) if t}, float(np.median(full or [0.0]))
+        full = float(np.median(steps.pop() or [0.0]))
+        if paired:
+            return cm.paired_medians(dict(zip(names, steps))), full
+        return {n: float(np.median(t)) for n, t in zip(names, steps) if t}, full
 
     def _screen(self, comm: Any, keys: List[str], step: int) -> None:
         """The screen's end (module docstring, 3): its step medians, the model fitted on its
@@ -592,7 +599,7 @@ class AutoCompression:
         self.model, table = self._fit_trials(comm, keys)
         if self._final:
             candidates = self._final
-            windows, typical = self._step_medians(comm, [c.name for c in self._final])
+            windows, typical = self._step_medians(comm, [c.name for c in self._final], paired=True)
         else:
             candidates, windows, typical = (
                 [cm.Candidate(m) for m in cols],

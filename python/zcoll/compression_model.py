@@ -107,15 +107,15 @@ class CostModel:
         return max(self.link.beta * self.link.wire(method, nbytes), self.link.codec_time(method, nbytes))
 
     def predict(self, method: str, nbytes: float, key: Optional[str] = None) -> float:
-        """Seconds of one bucket's allreduce; never less than its transfer term (a fitted
-        per-call cost or offset can be negative where the calibration overestimated)."""
-        t = self.transfer(method, nbytes)
-        extra = (
-            self.alpha.get(method, self.link.alpha)
-            + self.offset.get(key, 0.0)
-            + self.pair.get((method, key), 0.0)
-        )
-        return max(t, t + extra)
+        """Seconds of one bucket's allreduce: a measured (method, bucket) pair exactly as measured
+        (also when faster than the transfer term: a token-bucket link sends a small payload at
+        its burst rate, faster than the calibration's large allreduces); any other pair by the
+        additive terms, never less than its kernels plus the smallest allreduce (the fitted
+        terms are negative where the calibration overestimated the transfer)."""
+        t = self.transfer(method, nbytes) + self.alpha.get(method, self.link.alpha) + self.offset.get(key, 0.0)
+        if (method, key) in self.pair:
+            return t + self.pair[(method, key)]
+        return max(t, self.link.codec_time(method, nbytes) + self.link.alpha)
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -287,6 +287,21 @@ def finalists(
     mixed = bool(plan) and not (len(uniform) == 1 and next(iter(uniform)) in near[:cap])
     out = [Candidate(m) for m in near[: cap - 1 if mixed else cap]]
     return out + ([Candidate(PLAN, dict(plan))] if mixed else [])
+
+
+def paired_medians(rounds: Dict[str, Sequence[float]]) -> Dict[str, float]:
+    """Each candidate's time from a final whose candidates took turns (name -> its steps' times,
+    the r-th of each list from round r): the median over rounds of its time minus the round's
+    median, plus the median of the rounds' medians. What slows a whole round (a neighbour's
+    burst on a shared machine) cancels; a candidate's own cost does not. Rounds some candidate
+    lacks are left out; with none complete, plain medians."""
+    names = [n for n, t in rounds.items() if len(t)]
+    complete = min((len(rounds[n]) for n in names), default=0)
+    if not names or complete == 0:
+        return {}
+    grid = np.array([list(rounds[n])[:complete] for n in names], dtype=np.float64)
+    level = np.median(grid, axis=0)  # each round's median
+    return {n: float(np.median(grid[i] - level) + np.median(level)) for i, n in enumerate(names)}
 
 
 def choose(
