@@ -325,6 +325,16 @@ def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
     load = os.getloadavg()[0] / os.cpu_count()
     if load > BUSY_LOAD and seconds > 1.5 * plain_seconds + startup:
         pytest.skip(f"{text}; not judged: load average {load:.1f} per core (other jobs)")
+    if seconds > 1.5 * plain_seconds + startup:
+        # the reference ran minutes earlier (a module fixture); a shared host's speed drifts by
+        # more than the bound's slack over minutes, so the bound is judged against a reference
+        # run again now, beside this one
+        rc, again, plain_seconds = zcoll_run(
+            "-n", "2", "--checkpoint-dir", tmp_path / "again", "--",
+            sys.executable, EXAMPLE, *TRAINING, "--png", tmp_path / "c.png",
+        )  # fmt: skip
+        assert rc == 0, again
+        print(f"uninterrupted again, beside it: {plain_seconds:.1f} s")
     assert seconds <= 1.5 * plain_seconds + startup, out
 
 

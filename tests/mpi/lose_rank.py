@@ -9,6 +9,8 @@ each case, and here one rank never does. Each rank prints instead:
     ZCOLL-RAISED rank=R type=NAME t=T missing=[..] lost=[..] seq=N
     ZCOLL-MESSAGE rank=R <the exception's message>
 
+(the last two also to $ZCOLL_TEST_REPORTS/rank-R.txt when that is set)
+
 then sleeps `--linger` seconds (so that every survivor prints before the launcher tears the job
 down), and exits with status 3 without finalising MPI (MPI_Finalize would wait for the lost rank).
 
@@ -53,9 +55,15 @@ def report(rank: int, e: BaseException) -> None:
     missing = list(getattr(e, "missing", ()))
     lost = list(getattr(e, "lost", ()))
     seq = getattr(e, "seq", None)
-    print(f"ZCOLL-RAISED rank={rank} type={name} t={time.time():.3f} missing={missing} lost={lost} seq={seq}",
-          flush=True)
-    print(f"ZCOLL-MESSAGE rank={rank} {' '.join(str(e).split())}", flush=True)
+    lines = (f"ZCOLL-RAISED rank={rank} type={name} t={time.time():.3f} missing={missing} lost={lost} seq={seq}\n"
+             f"ZCOLL-MESSAGE rank={rank} {' '.join(str(e).split())}\n")
+    print(lines, end="", flush=True)
+    # the launcher merges the ranks' output in chunks: a message longer than a pipe's atomic
+    # write can come out with another rank's line inside it, so the test reads a file too
+    where = os.environ.get("ZCOLL_TEST_REPORTS")
+    if where:
+        with open(os.path.join(where, f"rank-{rank}.txt"), "w") as f:
+            f.write(lines)
 
 
 def victim_step(args: argparse.Namespace, rank: int, victim: int, step: int) -> None:
