@@ -407,6 +407,9 @@ class Row:
     bytes_estimated: bool = False
     accuracy: Optional[float] = None
     identical: Optional[bool] = None
+    optimizer_ms: Optional[float] = None  # the optimizer's part of the step (median)
+    # Adam's second moments exactly 0 at the end (they make torch's CPU sqrt slow: ddp_step_job)
+    second_moments_at_zero: Optional[float] = None
 
 
 @dataclass
@@ -453,6 +456,9 @@ def make_table(network: str, timing: dict, accuracy: Optional[dict], failed: Dic
             p75_ms=quantile(ms, 0.75),
             steps=len(ms),
         )
+        if e.get("optimizer_median") is not None:  # (runs saved before it was recorded: absent)
+            r.optimizer_ms = e["optimizer_median"] * 1e3
+            r.second_moments_at_zero = e.get("second_moments_at_zero")
         c = comm.get((e["config"], e["bucket"]))
         if c is not None:
             r.comm_ms = c["median"] * 1e3
@@ -667,7 +673,7 @@ def auto_targets(
                     f"{where}: zcoll-auto within 5% of the best fixed method",
                     b.step_ms / auto.step_ms,
                     round(1 / 1.05, 3),
-                    f"auto {auto.step_ms:.1f} ms vs {b.config} {b.step_ms:.1f} ms",
+                    f"auto {auto.step_ms:.1f} ms vs {b.config} {b.step_ms:.1f} ms" + _optimizer_detail(auto, b),
                 )
             )
         if auto is not None and plain is not None and t.network == "shm":
@@ -733,6 +739,22 @@ def auto_targets(
                     )
                 )
     return found
+
+
+def _optimizer_detail(auto: Row, other: Row) -> str:
+    """The two steps' optimizer parts and Adam's second moments at exactly 0: a model that
+    trained differently (auto's trial steps ran every method) can step its optimizer at another
+    speed whatever its communication (ddp_step_job.StepEntry.second_moments_at_zero)."""
+    if auto.optimizer_ms is None or other.optimizer_ms is None:
+        return ""
+    text = f"; optimizer {auto.optimizer_ms:.1f} vs {other.optimizer_ms:.1f} ms"
+    if auto.second_moments_at_zero is not None and other.second_moments_at_zero is not None:
+        text += (
+            f" (second moments at 0: {100 * auto.second_moments_at_zero:.1f}% vs "
+            f"{100 * other.second_moments_at_zero:.1f}%)"
+        )
+    rest = (auto.step_ms - auto.optimizer_ms, other.step_ms - other.optimizer_ms)
+    return text + f"; without it {rest[0]:.1f} vs {rest[1]:.1f} ms ({rest[1] / rest[0]:.2f}x)"
 
 
 def _guard_cost(directory: Path, method: str) -> Optional[Tuple[float, float]]:

@@ -255,17 +255,21 @@ class StepEntry:
         self.opt = torch.optim.Adam(self.model.parameters(), lr=job.args.lr)
         self.batches = wl.Batches(job.data, job.args.batch, job.rank, job.size, job.args.seed)
         self.times: List[float] = []
+        self.optimizer_times: List[float] = []  # the optimizer's part of each timed step
         self.bytes_sent = 0
 
     @property
     def name(self) -> str:
         return self.config.name if not self.config.ddp else f"{self.config.name} @{self.label}"
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """One training step; returns the optimizer's seconds in it."""
         x, y, _ = self.batches.next()
         wl.loss_of(self.model, x, y).backward()
+        t0 = time.perf_counter()
         self.opt.step()
         self.opt.zero_grad()
+        return time.perf_counter() - t0
 
     def timed(self, record: bool) -> None:
         job = self.job
@@ -273,12 +277,22 @@ class StepEntry:
         job.arm()
         job.world.Barrier()
         t0 = time.perf_counter()
-        self.step()
+        optimizer = self.step()
         t = time.perf_counter() - t0
         job.disarm(t)
         if record:
             self.times.append(t)
+            self.optimizer_times.append(optimizer)
             self.bytes_sent += job.zcomm.stats()["bytes_sent"] - sent0
+
+    def second_moments_at_zero(self) -> Optional[float]:
+        """The fraction of Adam's second-moment entries exactly 0 (parameters whose gradient has
+        been exactly 0 at every step: dead ReLUs, never-selected top-k entries). torch's CPU sqrt
+        takes ~5x longer per element on zeros than numpy's (measured here), so it sets the
+        optimizer's time: the same model trained differently steps at different speeds."""
+        moments = [s["exp_avg_sq"] for s in self.opt.state.values() if "exp_avg_sq" in s]
+        total = sum(m.numel() for m in moments)
+        return sum(int((m == 0).sum()) for m in moments) / total if total else None
 
     def buckets(self) -> List[List[torch.Tensor]]:
         """The parameters of each DDP bucket, in DDP's order (the reducer's current buckets: after
@@ -458,6 +472,10 @@ def timing(job: Job) -> None:
                 kind=e.kind,
                 times=times,
                 median=statistics.median(times),
+                optimizer_median=statistics.median(job.slowest_rank(e.optimizer_times))
+                if isinstance(e, StepEntry)
+                else None,
+                second_moments_at_zero=e.second_moments_at_zero() if isinstance(e, StepEntry) else None,
                 bytes_per_step=sent / len(times),
                 bucket_sizes=e.bucket_sizes() if isinstance(e, StepEntry) and e.config.ddp else None,
             )

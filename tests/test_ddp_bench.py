@@ -89,6 +89,9 @@ def test_quick_table_shape(quick_run):
         records = list(csv.DictReader(f))
     timed = [r for r in records if not r["failed"]]
     assert len(timed) == 1 + 2 * (len(ddp) - len(failed)), "one CSV row per table row"
+    for r in timed:  # every step's optimizer part; Adam's second moments at 0, a fraction
+        assert 0 < float(r["optimizer_ms"]) < float(r["step_ms"]), r
+        assert 0 <= float(r["second_moments_at_zero"]) < 1, r
     assert (out_dir / "ddp_step.png").stat().st_size > 10_000
     saved = json.loads((out_dir / "ddp_step.json").read_text())
     assert len(saved["jobs"]) == 1 and saved["jobs"][0]["timing"]["ranks"] == 2
@@ -235,6 +238,10 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
         20.0,
         "shm",
     )
+    # the optimizer's part of each step and Adam's second moments at 0 are shown beside it
+    for e in confirm["jobs"][0]["timing"]["entries"]:
+        e["optimizer_median"] = {"zcoll-sign": 0.010, "zcoll-auto": 0.0125}.get(e["config"], 0.011)
+        e["second_moments_at_zero"] = {"zcoll-sign": 0.003, "zcoll-auto": 0.052}.get(e["config"], 0.06)
     saved["jobs"][0]["confirm"] = confirm["jobs"][0]["timing"]
     path = tmp_path / "saved.json"
     path.write_text(json.dumps(saved))
@@ -244,6 +251,9 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     line = next(ln for ln in out.splitlines() if "zcoll-auto within 5% of the best fixed method" in ln)
     # 27.0 / 27.5 = 0.98x in the confirmation run (the first: 25 / 28 = 0.89x)
     assert line.split()[0] == "PASS" and "(confirmation run)" in line and "0.98x" in line, line
+    # without the optimizer: 17.0 vs 15.0 ms
+    assert "optimizer 12.5 vs 10.0 ms (second moments at 0: 5.2% vs 0.3%)" in line, line
+    assert "without it 15.0 vs 17.0 ms (1.13x)" in line, line
 
 
 def test_help(capsys):
