@@ -30,14 +30,15 @@ def lose_rank(*args: str, launcher: tuple = (), env: dict = None, timeout: float
     """Runs lose_rank.py; returns what each rank said, the victim's time, the exit status."""
     argv = mpirun_argv(RANKS, *launcher, sys.executable, TESTS_DIR / "mpi" / "lose_rank.py", *args)
     reports = tempfile.mkdtemp(prefix="zcoll-test-reports-")
-    rc, out = run(argv, env={"ZCOLL_DUMP_DIR": DUMP_DIR, "ZCOLL_TEST_REPORTS": reports, **(env or {})}, timeout=timeout)
+    env = {"ZCOLL_DUMP_DIR": DUMP_DIR, "ZCOLL_TEST_REPORTS": reports, **(env or {})}
+    rc, out = run(argv, env=env, timeout=timeout)
     # what each rank raised, from its own file (the merged output can have one rank's line
     # inside another's); the output's lines for a rank without a file
     said = "".join(open(os.path.join(reports, f)).read() for f in sorted(os.listdir(reports)))
     shutil.rmtree(reports, ignore_errors=True)
     raised, messages = {}, {}
     for text in (out, said):
-        raised.update({int(m[1]): (m[2], float(m[3]), _ranks(m[4]), _ranks(m[5])) for m in _RAISED.finditer(text)})
+        raised.update((int(m[1]), (m[2], float(m[3]), _ranks(m[4]), _ranks(m[5]))) for m in _RAISED.finditer(text))
         messages.update((int(r), m) for r, m in re.findall(r"ZCOLL-MESSAGE rank=(\d+) (.*)", text))
     victim = re.search(r"ZCOLL-VICTIM rank=(\d+) signal=\S+ t=([\d.]+)", out)
     pids = [int(p) for p in re.findall(r"ZCOLL-PID rank=\d+ pid=(\d+)", out)]

@@ -294,7 +294,7 @@ def paired_medians(rounds: Dict[str, Sequence[float]]) -> Dict[str, float]:
     the r-th of each list from round r): the median over rounds of its time minus the round's
     median, plus the median of the rounds' medians. What slows a whole round (a neighbour's
     burst on a shared machine) cancels; a candidate's own cost does not. Rounds some candidate
-    lacks are left out; with none complete, plain medians."""
+    lacks are left out, and candidates without a time."""
     names = [n for n, t in rounds.items() if len(t)]
     complete = min((len(rounds[n]) for n in names), default=0)
     if not names or complete == 0:
