@@ -287,7 +287,7 @@ class StepEntry:
 
     def second_moments_at_zero(self) -> Optional[float]:
         """The fraction of Adam's second-moment entries exactly 0 (parameters whose gradient has
-        been exactly 0 at every step: dead ReLUs, never-selected top-k entries). torch's CPU sqrt
+        been exactly 0 at every step: ReLUs that never fire, never-selected top-k entries). torch's CPU sqrt
         takes ~5x longer per element on zeros than numpy's (measured here), so it sets the
         optimizer's time: the same model trained differently steps at different speeds."""
         moments = [s["exp_avg_sq"] for s in self.opt.state.values() if "exp_avg_sq" in s]
