@@ -6,6 +6,7 @@ tests/torch_mpi/auto_compression.py."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import sys
 import urllib.request
@@ -231,6 +232,32 @@ def test_metrics_log_and_prometheus(tmp_path):
     assert 'zcoll_compression_escalations_total{bucket="ddp/bucket0/10"} 2.0' in text
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert rows[0]["event"] == "bucket" and rows[0]["step"] == 3 and rows[0]["ratio"] == 3.9
+
+
+def test_bucket_line_written_directly_is_the_json_one(tmp_path):
+    """MetricsLog.write_bucket formats the per-step line by hand (json.dumps cost ~70 us a
+    bucket): it must read back as write("bucket", ...) does, odd names and inf/nan included."""
+    fields = [
+        (3, "ddp/bucket0/10", "int8", 3.9, 0.02, 0, 1.5e-3),
+        (4, 'odd "key"\\ é', "top1%", math.inf, math.nan, 7, 0.0),
+    ]
+    fast, slow = MetricsLog(str(tmp_path / "fast.jsonl")), MetricsLog(str(tmp_path / "slow.jsonl"))
+    for step, bucket, method, ratio, residual, nonfinite, seconds in fields:
+        fast.write_bucket(step, bucket, method, ratio, residual, nonfinite, seconds)
+        slow.write(
+            "bucket", step=step, bucket=bucket, method=method, ratio=ratio, residual_ratio=residual,
+            nonfinite=nonfinite, seconds=seconds,
+        )  # fmt: skip
+    fast.close()
+    slow.close()
+
+    def rows(name):
+        out = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        for r in out:
+            r.pop("t")
+        return json.dumps(out)  # nan != nan: compared as text
+
+    assert rows("fast.jsonl") == rows("slow.jsonl")
 
 
 def test_metrics_port_from_environment():
