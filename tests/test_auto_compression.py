@@ -153,11 +153,18 @@ def test_finalists_near_the_fastest_and_the_plan():
 def test_choose_measured_least_lossy_and_not_slower_than_uncompressed():
     cands = [cm.Candidate(m) for m in ("none", "int8", "sign")]
     # times: medians of the candidates' windows; the scale: a typical step of 100 ms
-    # sign fastest; int8 within 2% of a step of it and less lossy
-    pick, why = cm.choose(cands, {"none": 0.100, "int8": 0.0515, "sign": 0.050}, 0.100, 0.100)
-    assert pick.name == "int8" and "int8 51.50" in why
-    pick, _ = cm.choose(cands, {"none": 0.100, "int8": 0.053, "sign": 0.050}, 0.100, 0.100)
+    # sign fastest, int8 1.5% of a step behind: by default the fastest
+    times = {"none": 0.100, "int8": 0.0515, "sign": 0.050}
+    pick, why = cm.choose(cands, times, 0.100, 0.100)
+    assert pick.name == "sign" and "int8 51.50" in why and why.endswith("the fastest")
+    # with a margin of 2% of a step, int8 is within it and less lossy; at 3% behind it is not
+    pick, why = cm.choose(cands, times, 0.100, 0.100, margin=0.02)
+    assert pick.name == "int8" and "within 2% of a 100.00 ms step" in why
+    pick, _ = cm.choose(cands, {"none": 0.100, "int8": 0.053, "sign": 0.050}, 0.100, 0.100, margin=0.02)
     assert pick.name == "sign"
+    # equal times: the least lossy
+    pick, _ = cm.choose(cands, {"none": 0.100, "int8": 0.050, "sign": 0.050}, 0.100, 0.100)
+    assert pick.name == "int8"
     # nothing saving 5% of a step against uncompressed: uncompressed, even when it was not in the final
     pick, why = cm.choose(cands[1:], {"int8": 0.096, "sign": 0.098}, 0.100, 0.100)
     assert pick.name == "none" and "5%" in why
@@ -171,7 +178,7 @@ def test_choose_measured_least_lossy_and_not_slower_than_uncompressed():
     # a plan is as lossy as its lossiest method
     plan = cm.Candidate(cm.PLAN, {"b0": "none", "b1": "int4"})
     assert plan.lossiness == cm.LOSSINESS.index("int4") and plan.methods() == ["int4", "none"]
-    pick, _ = cm.choose([plan, cands[2]], {cm.PLAN: 0.051, "sign": 0.050}, 0.100, 0.100)
+    pick, _ = cm.choose([plan, cands[2]], {cm.PLAN: 0.051, "sign": 0.050}, 0.100, 0.100, margin=0.02)
     assert pick.name == cm.PLAN
     with pytest.raises(ValueError, match="no candidate"):
         cm.choose(cands, {}, None, 0.100)

@@ -29,10 +29,10 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    step each, so that what else the machine does falls on all of them alike; each one's time
    is the median over rounds of its window against its round's (compression_model.
    paired_medians: what slows a whole round cancels); the best wins (compression_model.choose:
-   a compressed one only when it saved
-   ``min_gain`` of a step against uncompressed, the least lossy within ``step_margin`` of a
-   step of the fastest). The model itself judges only communication; the steps also pay what the
-   codecs take from the computation (they share the cores), so the steps decide. A
+   a compressed one only when it saved ``min_gain`` of a step against uncompressed, then the
+   fastest; with ``step_margin`` the least lossy within that fraction of a step of the
+   fastest). The model itself judges only communication; the steps also pay what the codecs
+   take from the computation (they share the cores), so the steps decide. A
    ``decision`` event per bucket: method, candidate, reason, the model's predictions (fitted
    on every trial call) and the trials' measurements.
 4. Afterwards, every ``check_every`` steps, measured against predicted communication (a
@@ -165,7 +165,7 @@ class AutoCompression:
         start_step: int = 1,
         margin: float = 0.05,
         min_gain: float = 0.05,
-        step_margin: float = 0.02,
+        step_margin: float = cm.STEP_MARGIN,
         guard: bool = True,
         check_every: int = 50,
         sample: int = 4096,

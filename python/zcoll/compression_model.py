@@ -71,6 +71,12 @@ ESCALATION = {
     "fp16": "none",
     "bf16": "none",
 }
+# How much of a step the final may give away to a less lossy candidate (compression_model.choose).
+# 0: the fastest measured. The final's gap between two candidates came out up to 6% of a step
+# away from the same methods' gap over 60 steps each here, so a margin spends the speed target on
+# noise: with 2%, auto took int8 or int4 measured 1-2% behind sign in three of twelve set-ups and
+# ran 5-9% slower than fixed sign (docs/compression.md). The guard, not the choice, keeps accuracy.
+STEP_MARGIN = 0.0
 
 
 def with_escalations(methods: Sequence[str]) -> Tuple[str, ...]:
@@ -310,13 +316,14 @@ def choose(
     none_s: Optional[float],
     step_s: float,
     min_gain: float = 0.05,
-    margin: float = 0.02,
+    margin: float = STEP_MARGIN,
 ) -> Tuple[Candidate, str]:
     """The candidate to train with, from the measured time each one's steps took (name ->
     seconds, median; none_s: uncompressed steps', None when not measured) and a typical step
     (step_s): among those measured, a compressed one only when it saved at least min_gain of a
     step against uncompressed; the least lossy within `margin` of a step of the fastest of
-    those (ties: the faster). Deterministic: the same inputs give the same choice on every rank."""
+    those (ties: the faster; margin 0, STEP_MARGIN: the fastest, at equal times the least
+    lossy). Deterministic: the same inputs give the same choice on every rank."""
     measured = [c for c in candidates if c.name in times]
     if not measured:
         raise ValueError("no candidate was measured")
@@ -339,10 +346,8 @@ def choose(
     fastest = min(times[c.name] for c in eligible)
     near = [c for c in eligible if times[c.name] <= fastest + margin * step_s]
     pick = min(near, key=lambda c: (c.lossiness, times[c.name]))
-    return pick, (
-        f"measured (median ms): {ms}; the least lossy within {margin:.0%} of a {1e3 * step_s:.2f} ms step "
-        "of the fastest"
-    )
+    rule = f"the least lossy within {margin:.0%} of a {1e3 * step_s:.2f} ms step of" if margin else "the"
+    return pick, f"measured (median ms): {ms}; {rule} fastest"
 
 
 def render(decisions: Sequence[Decision]) -> str:
