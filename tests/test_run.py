@@ -310,19 +310,26 @@ def uninterrupted(tmp_path_factory):
     return run_uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
 
 
-def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
-    (acc, digest), plain_seconds = uninterrupted
+def run_killed(d: Path, acc_digest: tuple) -> tuple:
+    """The digits example with rank 1 killed after update 21, resumed by zcoll run from the
+    checkpoint of update 16: checks it finished bit-identically to acc_digest; (output, seconds,
+    the restart's start-up seconds)."""
     rc, out, seconds = zcoll_run(
-        "-n", "2", "--max-restarts", "2", "--checkpoint-dir", tmp_path / "ckpt", "--",
-        sys.executable, EXAMPLE, *TRAINING, "--png", tmp_path / "b.png",
+        "-n", "2", "--max-restarts", "2", "--checkpoint-dir", d / "ckpt", "--",
+        sys.executable, EXAMPLE, *TRAINING, "--png", d / "b.png",
         "--kill-rank", "1", "--kill-at-step", "21",
     )  # fmt: skip
     assert rc == 0, out
     assert "rank 1: killed after update 21" in out and "finished after 1 restart" in out, out
     assert "int8: resumed from update 16 (epoch 0, row 1024)" in out, out
-    assert digits_rows(out)["int8"] == (acc, digest), out  # same accuracy, bit-identical parameters
+    assert digits_rows(out)["int8"] == acc_digest, out  # same accuracy, bit-identical parameters
+    return out, seconds, startup_seconds(out)[-1]
+
+
+def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
+    acc_digest, plain_seconds = uninterrupted
+    out, seconds, startup = run_killed(tmp_path, acc_digest)
     # the issue's bound: within 1.5x the uninterrupted wall time plus one restart's start-up
-    startup = startup_seconds(out)[-1]
     text = f"wall: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start {startup:.1f} s"
     print("\n" + text)
     # Two wall times minutes apart compare only on a quiet machine: on a loaded one (other jobs
@@ -331,12 +338,16 @@ def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
     if load > BUSY_LOAD and seconds > 1.5 * plain_seconds + startup:
         pytest.skip(f"{text}; not judged: load average {load:.1f} per core (other jobs)")
     if seconds > 1.5 * plain_seconds + startup:
-        # the reference ran minutes earlier (a module fixture); a shared host's speed drifts by
-        # more than the bound's slack over minutes, so the bound is judged against a reference
-        # run again now, beside this one
+        # the reference ran minutes earlier (a module fixture) and a shared host's speed drifts
+        # by more than the bound's slack within seconds (CI: 13.1 s against a bound of 12.6, the
+        # resumed launch 7.1 s for 28 updates where the whole uninterrupted run took 5.7 s for
+        # 44): both run again, one beside the other, and that pair is judged. A restart that
+        # waits for a timeout or redoes the run misses twice.
         (tmp_path / "again").mkdir()
         _, plain_seconds = run_uninterrupted(tmp_path / "again")
-        print(f"uninterrupted again, beside it: {plain_seconds:.1f} s")
+        (tmp_path / "killed-again").mkdir()
+        out, seconds, startup = run_killed(tmp_path / "killed-again", acc_digest)
+        print(f"again, side by side: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start {startup:.1f} s")
     assert seconds <= 1.5 * plain_seconds + startup, out
 
 
