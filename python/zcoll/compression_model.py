@@ -72,10 +72,11 @@ ESCALATION = {
     "bf16": "none",
 }
 # How much of a step the final may give away to a less lossy candidate (compression_model.choose).
-# 0: the fastest measured. The final's gap between two candidates came out up to 6% of a step
-# away from the same methods' gap over 60 steps each here, so a margin spends the speed target on
-# noise: with 2%, auto took int8 or int4 measured 1-2% behind sign in three of twelve set-ups and
-# ran 5-9% slower than fixed sign (docs/compression.md). The guard, not the choice, keeps accuracy.
+# 0: the fastest measured; the guard, not the choice, keeps accuracy. The final's gap between two
+# candidates came out up to 6% of a step away from the same methods' gap over 60 steps each
+# here, so neither rule is reliable on gaps of 1-2%: across three runs of twelve set-ups the two
+# chose differently six times; a 2% margin lost 5-9% three times (int8 or int4 over sign), no
+# margin 14% once (top-1% over sign) (docs/compression.md).
 STEP_MARGIN = 0.0
 
 
