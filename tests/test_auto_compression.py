@@ -184,29 +184,6 @@ def test_choose_fastest_or_least_lossy_within_a_margin_never_slower_than_uncompr
         cm.choose(cands, {}, None, 0.100)
 
 
-def test_residual_ratio_sample_is_runs_spread_over_every_sixteenth():
-    from zcoll.auto_compression import _sampled_squares
-
-    rng = np.random.default_rng(3)
-    for n, sample in [(0, 4096), (1, 4096), (4096, 4096), (4097, 4096), (1_000_003, 4096), (10, 4), (97, 16)]:
-        a = rng.standard_normal(n).astype(np.float32)
-        if n <= sample:
-            want = a
-        else:  # written out independently: run j starts at j * (n // runs)
-            runs = min(16, sample)
-            length, stride = sample // runs, n // runs
-            want = np.concatenate([a[j * stride : j * stride + length] for j in range(runs)])
-            assert want.size == runs * length and (n - 1) // stride >= runs - 1  # the last sixteenth too
-        assert _sampled_squares(a, sample) == pytest.approx(float(np.sum(want.astype(np.float64) ** 2)), rel=1e-5)
-    # read through a view: the caller's array may be read-only and is left unchanged
-    a = np.arange(100_000, dtype=np.float32) / 1e5
-    before = a.copy()
-    a.setflags(write=False)
-    want = np.concatenate([a[j * 6250 : j * 6250 + 256] for j in range(16)])
-    assert _sampled_squares(a, 4096) == pytest.approx(float(np.sum(want.astype(np.float64) ** 2)), rel=1e-5)
-    assert np.array_equal(a, before)
-
-
 def test_paired_medians_cancel_what_slows_a_round():
     # b is 1 ms faster than a but for one round; rounds 2 and 3 were slowed as a whole (a
     # neighbour's burst), round 4 only b's step: plain medians (a 10, b 29) would pick a

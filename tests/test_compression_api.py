@@ -284,6 +284,62 @@ def test_stats(comm):
     assert q3.last_stats.error_max_abs is None
 
 
+def runs_spread_over_every_sixteenth(a, sample):
+    """The norm_sample elements of a flat array, written out independently: all up to sample,
+    else 16 runs (fewer when sample < 16) of sample // runs, run j at j * (n // runs)."""
+    n = a.size
+    if n <= sample:
+        return a
+    runs = min(16, sample)
+    length, stride = sample // runs, n // runs
+    want = np.concatenate([a[j * stride : j * stride + length] for j in range(runs)])
+    assert want.size == runs * length and (n - 1) // stride >= runs - 1  # the last sixteenth too
+    return want
+
+
+def squares(a):
+    return float(np.sum(np.asarray(a, np.float64) ** 2))
+
+
+@pytest.mark.parametrize(
+    "n, sample", [(1, 4096), (4096, 4096), (4097, 4096), (1_000_003, 4096), (10, 4), (97, 16)]
+)
+def test_norm_sample_sums_the_input_before_and_the_residual_after(comm, n, sample):
+    x = grad(n, seed=n)
+    before = x.copy()
+    q = zcoll.GradientQuantizer(1)
+    q.norm_sample = sample
+    comm.allreduce(x, compression=q, key="w", out=x)  # in place: the input is overwritten
+    s = q.last_stats
+    sampled = lambda a: squares(runs_spread_over_every_sixteenth(a, sample))  # noqa: E731
+    assert s.input_squares == pytest.approx(sampled(before), rel=1e-9)
+    assert s.residual_squares == pytest.approx(sampled(q.residual("w")), rel=1e-9)
+    one_exact = n == 1  # sign of one value is exact
+    assert s.residual_squares < s.input_squares and (s.residual_squares > 0 or one_exact)
+
+
+def test_norm_sample_off_by_default_on_two_byte_inputs_and_without_a_residual(comm):
+    x = grad(50_000)
+    q = zcoll.GradientQuantizer(8)
+    comm.allreduce(x, compression=q, key="w")
+    assert q.last_stats.input_squares is None and q.last_stats.residual_squares is None
+    for dtype in (torch.float16, torch.bfloat16):
+        t = torch.from_numpy(x).to(dtype)
+        q.norm_sample = 4096
+        comm.allreduce(t, compression=q, key=str(dtype))
+        want = squares(runs_spread_over_every_sixteenth(t.float().numpy(), 4096))
+        assert q.last_stats.input_squares == pytest.approx(want, rel=1e-9), dtype
+    h = zcoll.HalfPrecision("bf16")  # no error feedback: no residual
+    h.norm_sample = 100
+    comm.allreduce(x, compression=h)
+    want = squares(runs_spread_over_every_sixteenth(x, 100))
+    assert h.last_stats.input_squares == pytest.approx(want, rel=1e-9)
+    assert h.last_stats.residual_squares == 0.0
+    q.norm_sample = 4096
+    comm.allreduce(np.zeros(0, np.float32), compression=q, key="empty")
+    assert q.last_stats.input_squares == 0.0
+
+
 @pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_nonfinite_raises(comm, make, value):

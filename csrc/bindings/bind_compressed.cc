@@ -3,7 +3,8 @@
 //   CompressionOptions   the C++ struct, built and validated once in a compressor's __init__
 //                        (ValueError naming the parameter); per call only op, algorithm, the
 //                        seed and the residual are added
-//   allreduce_compressed the collective on the caller's objects (buffers.h), stats as a dict
+//   allreduce_compressed the collective on the caller's objects (buffers.h), stats as a dict;
+//                        norm_sample per call too (the guard's sampled norms)
 //   Payload              the bytes one rank would send, with the layout of its arrays (Python
 //                        shows them as numpy views of these bytes); encode_payload /
 //                        decode_payload run the collective's own encode, selection and decode
@@ -70,18 +71,21 @@ py::dict stats_dict(const CompressionStats& s) {
   d["dense_fallback"] = s.dense_fallback;
   d["error_max_abs"] = s.error_max_abs;
   d["error_l2"] = s.error_l2;
+  d["input_squares"] = s.input_squares;
+  d["residual_squares"] = s.residual_squares;
   return d;
 }
 
 py::dict allreduce_compressed_method(CommHandle& self, py::handle x, py::handle out, py::handle op,
                                      py::handle algorithm, const CompressionOptions& options,
-                                     std::uint64_t seed, py::handle residual) {
+                                     std::uint64_t seed, py::handle residual, std::size_t norm_sample) {
   MpiCommunicator& c = self.comm();
   InOut b = take_in(x, out);
   CompressionOptions o = options;
   o.op = to_op(op);
   o.algorithm = to_algorithm(algorithm);
   o.seed = seed;
+  o.norm_sample = norm_sample;
   take_out(b, out, b.in.count(), 0, "out=x");
   const Buffer e = take_residual(residual, b.in);
   o.residual = static_cast<float*>(e.data());
@@ -169,6 +173,7 @@ void bind_compressed(py::module_& m) {
 
   m.def("allreduce_compressed", &allreduce_compressed_method, py::arg("comm"), py::arg("x"), py::arg("out"),
         py::arg("op"), py::arg("algorithm"), py::arg("options"), py::arg("seed"), py::arg("residual"),
+        py::arg("norm_sample") = 0,
         "out = sum (or avg) of x over the ranks through options' wire format; returns the stats as a dict.");
   m.def("encode_payload", &encode, py::arg("x"), py::arg("options"), py::arg("seed"), py::arg("residual"),
         "One rank's payload of x (the hop-0 encode / selection of the collective; the residual is updated).");

@@ -11,6 +11,7 @@
 #include "collectives/compressed.h"
 #include "collectives/hierarchy.h"
 #include "common/check.h"
+#include "common/half.h"
 #include "kernels/quantize.h"
 
 namespace zcoll {
@@ -56,6 +57,32 @@ void measure(const float* e, std::size_t n, CompressionStats& stats) {
   }
   stats.error_max_abs = max_abs;
   stats.error_l2 = std::sqrt(sq);
+}
+
+template <typename T>
+double squares_of_runs(const T* x, std::size_t count, std::size_t sample) {
+  const std::size_t runs = count <= sample ? 1 : std::min(kSampleRuns, sample);
+  const std::size_t length = count <= sample ? count : sample / runs;
+  const std::size_t stride = count / runs;  // count > sample >= runs * length: runs never overlap
+  constexpr std::size_t kLanes = 8;  // independent sums: one chain of dependent adds took ~10 us
+  double sq[kLanes] = {};
+  for (std::size_t j = 0; j < runs; ++j) {
+    const T* run = x + j * stride;
+    std::size_t i = 0;
+    for (; i + kLanes <= length; i += kLanes) {
+      for (std::size_t k = 0; k < kLanes; ++k) {
+        const double v = to_float(run[i + k]);
+        sq[k] += v * v;
+      }
+    }
+    for (; i < length; ++i) {
+      const double v = to_float(run[i]);
+      sq[0] += v * v;
+    }
+  }
+  double total = 0.0;
+  for (double s : sq) total += s;
+  return total;
 }
 
 // What shapes the payloads: ranks that differ in any of it would send mismatched messages.
@@ -164,6 +191,8 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
     allreduce(comm, in, out, count, dtype, a);
   } else if (count > 0) {
     comm.stats().collectives += 1;
+    // the input's before the call overwrites it (in == out), the residual's after
+    if (o.norm_sample > 0) stats.input_squares = sampled_squares(in, count, dtype, o.norm_sample);
     float* e = o.residual;
     if (!e && o.measure_error) {
       e = static_cast<float*>(comm.scratch(count * sizeof(float), Scratch::kResidual));
@@ -179,9 +208,24 @@ void allreduce_compressed(Communicator& comm, const void* in, void* out, std::si
       stats.nonfinite = detail::allreduce_compressed_ring(comm, in, out, count, dtype, o, e);
     }
     if (o.measure_error) measure(e, count, stats);
+    if (o.norm_sample > 0 && o.residual) {
+      stats.residual_squares = sampled_squares(o.residual, count, DType::kFloat32, o.norm_sample);
+    }
   }
   stats.wire_bytes = comm.stats().bytes_sent - sent_before;
   if (stats_out) *stats_out = stats;
+}
+
+double sampled_squares(const void* x, std::size_t count, DType dtype, std::size_t sample) {
+  ZCOLL_REQUIRE(sample > 0, "sampled_squares: sample must be >= 1");
+  switch (dtype) {
+    case DType::kFloat32: return squares_of_runs(static_cast<const float*>(x), count, sample);
+    case DType::kFloat16: return squares_of_runs(static_cast<const float16_t*>(x), count, sample);
+    case DType::kBFloat16: return squares_of_runs(static_cast<const bfloat16_t*>(x), count, sample);
+    default:
+      throw std::invalid_argument(
+          detail::concat("sampled_squares: float32, float16 or bfloat16, not ", dtype_name(dtype)));
+  }
 }
 
 double compression_error_bound(const CompressionOptions& o, int p, double A, double M) {

@@ -60,6 +60,11 @@ struct CompressionOptions {
   // Fill CompressionStats::error_*: with a residual, from it; without, from a scratch residual
   // started at zero (the same result bits either way). Costs one pass over `count` floats.
   bool measure_error = false;
+  // Fill CompressionStats::input_squares / residual_squares from norm_sample elements (0: off):
+  // a residual-to-input norm ratio every call for the cost of reading 2 norm_sample floats (the
+  // guard of python/zcoll/auto_compression.py; as numpy calls on the hook's worker it cost ~30 us
+  // each in a DDP step). The elements: sampled_squares below.
+  std::size_t norm_sample = 0;
   Algorithm algorithm = Algorithm::kAuto;  // kNone only
   PipelineOptions pipeline;                // segments of max_segment_bytes of float32 input
   bool check_args = false;                 // as AllreduceOptions::check_args
@@ -80,6 +85,10 @@ struct CompressionStats {
   // in this call; with sparsifiers and error feedback, everything not yet sent).
   double error_max_abs = 0.0;
   double error_l2 = 0.0;
+  // With norm_sample: sampled_squares of this rank's input before the call and of its residual
+  // after it (0 without a residual).
+  double input_squares = 0.0;
+  double residual_squares = 0.0;
 };
 
 // out = SUM (or AVG) over ranks of in, through the compressed wire format of options.kind.
@@ -88,6 +97,13 @@ struct CompressionStats {
 // throw: it is reported in stats->nonfinite on every rank.
 void allreduce_compressed(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
                           const CompressionOptions& options, CompressionStats* stats = nullptr);
+
+// The sum of squares (in double) of `sample` of the `count` elements of x: all of them when
+// count <= sample, else kSampleRuns runs of sample / kSampleRuns consecutive elements, run j
+// starting at j (count / kSampleRuns), so every part of a bucket (every layer) is represented
+// in proportion to its size. float32, float16 or bfloat16.
+constexpr std::size_t kSampleRuns = 16;
+double sampled_squares(const void* x, std::size_t count, DType dtype, std::size_t sample);
 
 // Throws std::invalid_argument naming the problem (bits, block, ratio, threshold, op, dtype).
 void validate(const CompressionOptions& options, DType dtype, std::size_t count);

@@ -40,7 +40,8 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    ``drift`` at two checks in a row, or a changed link verdict (``comm.diagnose()`` every
    ``diagnose_every`` steps), runs the trials again (``redecide``).
 5. Guard, every step and compressed bucket: compression ratio, residual-to-gradient norm ratio
-   (on ``sample`` fixed indices), non-finite count (``bucket`` events, Prometheus gauges).
+   (on ``sample`` elements, summed inside the collective: CompressionStats.input_squares /
+   residual_squares), non-finite count (``bucket`` events, Prometheus gauges).
    Every ``check_every`` steps an exact check: at ``sample`` indices (the same on every rank,
    from the key and the step) what each rank meant to send (its gradient plus the residual it
    carried minus the one it keeps) is averaged uncompressed and compared with the compressed
@@ -84,7 +85,6 @@ DEFAULT_BOUND = 1e-3
 RESIDUAL_BOUND = 1.0
 
 MISSING = 1e30  # a trial table's entry where a method was not measured
-RATIO_RUNS = 16  # runs of consecutive elements the residual ratio is sampled in (_sampled_squares)
 
 
 def resolve(compression: Any) -> Any:
@@ -302,7 +302,8 @@ class AutoCompression:
 
     def compressor(self, method: str) -> Any:
         if method not in self._compressors:
-            self._compressors[method] = cm.make_compressor(method)
+            c = self._compressors[method] = cm.make_compressor(method)
+            c.norm_sample = self.sample if self.guard else 0  # the residual ratio's sums
         return self._compressors[method]
 
     # -- error feedback across methods (CompressionState's layouts use these) -------------------
@@ -371,8 +372,6 @@ class AutoCompression:
             grad = x[idx] if checking else None  # this rank's gradient there (a copy: in place below)
             meant = grad + self._residual_at(key, idx) if checking else None
             watched = self.guard and method != "none"
-            # for the residual-to-gradient ratio (before the allreduce overwrites the gradient)
-            grad_squares = _sampled_squares(x.reshape(-1), self.sample) if watched else 0.0
         t0 = time.perf_counter()
         if method == "none":
             out = comm.allreduce(buf, op="avg", out=buf)
@@ -395,7 +394,7 @@ class AutoCompression:
         self._record(key, method, step, seconds, ready)
         with self._guard_spent:
             if watched:
-                self._metrics(key, method, step, grad_squares, stats, seconds)
+                self._metrics(key, method, step, stats, seconds)
             if checking:
                 meant -= self._residual_at(key, idx)
                 both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
@@ -442,17 +441,14 @@ class AutoCompression:
         elif self.model is not None and key in self.path:
             self._calls.append((key, method, seconds))
 
-    def _metrics(
-        self, key: str, method: str, step: int, grad_squares: float, stats: Any, seconds: float
-    ) -> None:
+    def _metrics(self, key: str, method: str, step: int, stats: Any, seconds: float) -> None:
         """The step's metrics of one bucket; the residual-to-gradient norm ratio estimated on
-        the same `sample` elements of both (_sampled_squares; grad_squares: the gradient's;
-        full norms would cost ~1% of a small step)."""
-        e = self.residual(key)
-        kept = _sampled_squares(e.reshape(-1), self.sample) if e is not None else 0.0
-        r = math.sqrt(kept / grad_squares) if grad_squares > 0 else 0.0
+        the same `sample` elements of both, summed by the collective (full norms would cost ~1%
+        of a small step; the same sums as numpy calls here cost ~30 us each)."""
+        grad, kept = stats.input_squares, stats.residual_squares
+        r = math.sqrt(kept / grad) if grad else 0.0
         self._residual_ratio[key] = r
-        ratio = stats.ratio if stats is not None else 1.0
+        ratio = stats.ratio
         m = self.metrics
         if m is None:
             return
@@ -460,7 +456,7 @@ class AutoCompression:
             m.set("zcoll_compression_ratio", ratio, bucket=key, method=method)
             m.set("zcoll_compression_residual_ratio", r, bucket=key, method=method)
             m.set("zcoll_compression_comm_seconds", seconds, bucket=key, method=method)
-        m.write_bucket(step, key, method, ratio, r, stats.nonfinite if stats is not None else 0, seconds)
+        m.write_bucket(step, key, method, ratio, r, stats.nonfinite, seconds)
 
     def _log(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, **fields})
@@ -814,22 +810,6 @@ class AutoCompression:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
-
-
-def _sampled_squares(a: np.ndarray, sample: int) -> float:
-    """The sum of squares of the `sample` elements of a flat array the residual ratio is
-    estimated on every step: all of them up to `sample`, else 16 runs of consecutive elements,
-    one at the start of each sixteenth, so every layer is represented in proportion. Read
-    through a strided view, no index array kept per bucket. In a DDP step here it costs ~22 us
-    of CPU whether it reads 1024 or 4096 elements, as the gather it replaced did: call overhead
-    on cores the backward pass shares, not memory (the guard's accuracy measurements in
-    docs/compression.md were made with runs spaced by np.linspace)."""
-    n = a.size
-    if n > sample:
-        runs = min(RATIO_RUNS, sample)
-        length, stride = sample // runs, n // runs  # n > sample >= runs * length: stride >= length
-        a = a[: runs * stride].reshape(runs, stride)[:, :length].ravel()
-    return float(np.dot(a, a))  # np.linalg.norm's checks cost more than the sum
 
 
 def _over_ranks(comm: Any, lists: Sequence[Sequence[float]], op: str) -> List[List[float]]:

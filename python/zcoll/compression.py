@@ -65,7 +65,11 @@ class CompressionStats:
     wire_bytes: bytes this rank sent (payload and headers); dense_bytes: what an uncompressed
     ring allreduce would have sent; nonfinite: NaN/Inf blocks or values found (the same on every
     rank); pairs / dense_fallback: sparsifiers; error_max_abs / error_l2: this rank's residual
-    after the call (what its compression lost), when the compressor measures errors."""
+    after the call (what its compression lost), when the compressor measures errors;
+    input_squares / residual_squares: sums of squares of `norm_sample` elements of this rank's
+    input before the call and of its residual after it (0 without one), when the compressor's
+    norm_sample is set (16 runs, one at the start of each sixteenth; all elements up to
+    norm_sample)."""
 
     method: str
     key: Optional[str]
@@ -77,6 +81,8 @@ class CompressionStats:
     dense_fallback: bool = False
     error_max_abs: Optional[float] = None
     error_l2: Optional[float] = None
+    input_squares: Optional[float] = None
+    residual_squares: Optional[float] = None
 
     @property
     def ratio(self) -> float:
@@ -112,6 +118,7 @@ class Compressor:
         self._options = options
         self.error_feedback = bool(error_feedback)
         self.measure_error = options.measure_error
+        self.norm_sample = 0  # > 0: last_stats carries input_squares / residual_squares (the guard's)
         self.seed = seed
         self.last_stats: Optional[CompressionStats] = None
         self._residuals: Dict[str, Tuple[tuple, np.ndarray]] = {}
@@ -201,9 +208,9 @@ class Compressor:
                 "(e.g. the parameter or bucket name), or create the compressor with error_feedback=False"
             )
         e, seed, commit = self._state(key, x)
-        s = _C.allreduce_compressed(comm, x, out, op, algorithm, self._options, seed, e)
+        s = _C.allreduce_compressed(comm, x, out, op, algorithm, self._options, seed, e, self.norm_sample)
         commit()
-        measured = self.measure_error
+        measured, sampled = self.measure_error, self.norm_sample > 0
         self.last_stats = CompressionStats(
             method=repr(self),
             key=key,
@@ -215,6 +222,8 @@ class Compressor:
             dense_fallback=s["dense_fallback"],
             error_max_abs=s["error_max_abs"] if measured else None,
             error_l2=s["error_l2"] if measured else None,
+            input_squares=s["input_squares"] if sampled else None,
+            residual_squares=s["residual_squares"] if sampled else None,
         )
         if s["nonfinite"]:
             where = (

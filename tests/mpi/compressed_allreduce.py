@@ -154,6 +154,13 @@ def case_identical(ck: Checks):
                     check(ck, name, dtype, n, "sum", 1024, in_place=False, depth=2)
 
 
+def sampled_squares(a, sample=1000):
+    """norm_sample's sum, written out: 16 runs of sample // 16, run j at j * (n // 16)."""
+    length, stride = sample // 16, a.size // 16
+    runs = [a[j * stride : j * stride + length] for j in range(16)]
+    return float(sum(np.sum(r.astype(np.float64) ** 2) for r in runs))
+
+
 def case_feedback(ck: Checks):
     steps = 12
     for n, make in (
@@ -173,10 +180,14 @@ def case_feedback(ck: Checks):
         drift = {}
         for ef in (True, False):
             c = make(ef)
+            c.norm_sample = 1000  # the guard's sampled norms: this rank's input and residual
             acc = np.zeros(n)
             for _ in range(steps):
                 acc += comm.allreduce(g, op="sum", compression=c, key="w" if ef else None)
             drift[ef] = np.abs(acc / steps - total).mean()
+            want = sampled_squares(g), sampled_squares(c.residual("w")) if ef else 0.0
+            got = c.last_stats.input_squares, c.last_stats.residual_squares
+            ck.check(np.allclose(got, want, rtol=1e-9, atol=0), f"{c} norm_sample", f"{got} vs {want}")
             if not ef:
                 continue
             e = c.residual("w").astype(np.float64)
