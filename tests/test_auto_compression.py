@@ -150,6 +150,27 @@ def test_finalists_near_the_fastest_and_the_plan():
     assert cm.finalists({}, {}, cap=4, step_s=0.1) == []
 
 
+def test_finalists_seat_uncompressed_when_near():
+    # a noisy screen on shared memory: everything within a quarter of a 50 ms step, uncompressed
+    # fifth; the cap would leave it out, but it takes the last of the methods' seats
+    screened = {"top1%": 0.024, "bf16": 0.027, "int4": 0.027, "sign": 0.0275, "none": 0.0315, "int8": 0.033}
+    final = cm.finalists(screened, {"b0": "none", "b1": "sign"}, cap=4, step_s=0.050)
+    assert [c.name for c in final] == ["top1%", "bf16", "none", cm.PLAN]
+    final = cm.finalists(screened, {"b0": "top1%", "b1": "top1%"}, cap=4, step_s=0.050)
+    assert [c.name for c in final] == ["top1%", "bf16", "int4", "none"]
+    # a plan sending everything uncompressed is the uncompressed candidate
+    final = cm.finalists(screened, {"b0": "none", "b1": "none"}, cap=4, step_s=0.050)
+    assert [c.name for c in final].count("none") == 1 and cm.PLAN not in [c.name for c in final]
+    # far behind (over a slow link) it takes no seat: the fastest near ones do
+    screened["none"] = 0.080
+    final = cm.finalists(screened, {}, cap=4, step_s=0.050)
+    assert [c.name for c in final] == ["top1%", "bf16", "int4", "sign"]
+    # with the gain rule (choose) judged inside the final: top-1% must beat uncompressed there
+    cands = final[:1] + [cm.Candidate("none")]
+    pick, why = cm.choose(cands, {"top1%": 0.0300, "none": 0.0305}, 0.0305, 0.050)
+    assert pick.name == "none" and "top1% 30.00, none 30.50" in why  # 0.5 ms is not 5% of 50
+
+
 def test_choose_fastest_or_least_lossy_within_a_margin_never_slower_than_uncompressed():
     cands = [cm.Candidate(m) for m in ("none", "int8", "sign")]
     # times: medians of the candidates' windows; the scale: a typical step of 100 ms

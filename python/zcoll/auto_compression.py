@@ -23,8 +23,8 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    the slowest rank's. At the screen's end (:meth:`_screen`) the calls fit the model
    (compression_model.fit), which plans a method per bucket (compression_model.decide:
    overlap, per-bucket costs); the final's candidates are the methods whose median window was
-   within SCREEN_BAND of a step of the fastest's, and the plan (compression_model.finalists,
-   at most ``finalists``).
+   within SCREEN_BAND of a step of the fastest's (uncompressed always, when within it), and the
+   plan (compression_model.finalists, at most ``finalists``).
 3. Final (``final_rounds`` rounds) and decision (:meth:`_decide`): the candidates take turns a
    step each, so that what else the machine does falls on all of them alike; each one's time
    is the median over rounds of its window against its round's (compression_model.
