@@ -9,6 +9,7 @@ import json
 import math
 import socket
 import sys
+import time
 import urllib.request
 
 import numpy as np
@@ -236,6 +237,38 @@ def test_resolve_and_refusals():
     for what in ("auto", zcoll.AutoCompression()):
         with pytest.raises(ValueError, match="DDP hook"):
             c.allreduce(np.ones(4, np.float32), op="avg", compression=what, key="k")
+
+
+def test_driven_without_the_hook_through_every_method():
+    """AutoCompression.allreduce called directly (the hook is one caller, not a precondition):
+    every method's compressor exists by the time a bucket's residual moves to it (a switch from
+    one compressed method to the next, bf16 -> int8 in the screen, once failed with a KeyError
+    when nothing else had asked for the next compressor), the trials end in a decision, and a
+    decided bucket still averages (one rank: the average is the input)."""
+    auto = zcoll.AutoCompression(check_every=2)
+    rng = np.random.default_rng(5)
+    bufs = {"b0": rng.standard_normal(6007).astype(np.float32), "b1": rng.standard_normal(97).astype(np.float32)}
+    with zcoll.Communicator() as comm:
+        step = 0
+        while auto.decided_step is None:
+            assert step < auto.trial_start + 100, "the trials never ended"
+            for i, (key, b) in enumerate(bufs.items()):
+                auto.allreduce(comm, b, key, step, i == len(bufs) - 1, time.perf_counter())
+            step += 1
+        assert set(auto.calls_by_method) >= set(auto.methods)  # every method ran in the screen
+        for _ in range(4):  # decided, with the drift checks of check_every=2
+            for i, key in enumerate(bufs):
+                x = rng.standard_normal(bufs[key].size).astype(np.float32)
+                old, carried = auto.method_of.get(key, "none"), auto.residual(key)
+                method = auto.method(key, step, x.nbytes)
+                # going dense sends what the last compressed method still owed
+                want = x + carried if method == "none" and old != "none" and carried is not None else x.copy()
+                out = np.asarray(auto.allreduce(comm, x, key, step, i == len(bufs) - 1, time.perf_counter()))
+                if method == "none":
+                    np.testing.assert_array_equal(out, want)
+                assert out.shape == want.shape and np.isfinite(out).all()
+            step += 1
+    assert set(auto.decisions) == set(bufs)
 
 
 def _free_port() -> int:

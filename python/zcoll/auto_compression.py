@@ -339,7 +339,7 @@ class AutoCompression:
             if method == "none":
                 buf += e
             else:
-                self._compressors[method].set_residual(key, e)
+                self.compressor(method).set_residual(key, e)  # (its first call may come later)
 
     # -- one bucket (on the group's worker) ----------------------------------------------------
     def allreduce(self, comm: Any, buf: Any, key: str, step: int, last: bool, ready: float) -> Any:
