@@ -124,6 +124,13 @@ def options(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--batch", type=int, default=32, help="rows per rank per step (default 32)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument(
+        "--optimizer",
+        choices=wl.OPTIMIZERS,
+        default="adam",
+        help="adam: torch's default on the CPU, whose step slows where second moments are exactly 0; "
+        "adam-fused: its fused CPU kernel, which does not (default adam)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", default="1gbit", help="the emulated link's rate, tc syntax (default 1gbit)")
     p.add_argument(
@@ -229,6 +236,7 @@ def job_argv(
         "accuracy-epochs": args.accuracy_epochs,
         "batch": args.batch,
         "lr": args.lr,
+        "optimizer": args.optimizer,
         "seed": args.seed,
         "hang-after": args.hang_after,
         "result": result,
@@ -927,6 +935,7 @@ def header(args) -> None:
         f"ddp_step: models {','.join(args.models)}, ranks {args.ranks}, networks {','.join(args.networks)}, "
         f"buckets {args.buckets}; {args.steps} timed steps per entry in {args.rounds} rounds, "
         f"warm-up {args.warmup}, settle {args.settle}; accuracy {args.accuracy_epochs} epochs; "
+        f"optimizer {args.optimizer}; "
         f"torch {torch.__version__}, {os.cpu_count()} cores"
         + (f"; environment {zvars}" if zvars else "")
         + ("; QUICK: not a measurement" if args.quick else "")

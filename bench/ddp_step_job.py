@@ -82,6 +82,7 @@ def options(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--batch", type=int, default=32, help="rows per rank per step (default 32)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument("--optimizer", choices=wl.OPTIMIZERS, default="adam", help="(default adam)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--hang-after",
@@ -163,6 +164,7 @@ class Job:
             torch=torch.__version__,
             batch=a.batch,
             lr=a.lr,
+            optimizer=a.optimizer,
             seed=a.seed,
             notes=self.notes,
             **self.model_info,
@@ -252,7 +254,7 @@ class StepEntry:
         self.job, self.config, self.label, self.bucket_mb, self.note = job, config, label, bucket_mb, note
         module = wl.make_model(job.args.model, job.args.seed)
         self.model = wl.wrap(config, module, job.groups, bucket_mb, hook_wrapper)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=job.args.lr)
+        self.opt = wl.make_optimizer(job.args.optimizer, self.model, job.args.lr)
         self.batches = wl.Batches(job.data, job.args.batch, job.rank, job.size, job.args.seed)
         self.times: List[float] = []
         self.optimizer_times: List[float] = []  # the optimizer's part of each timed step

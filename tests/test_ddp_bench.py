@@ -336,3 +336,27 @@ def test_failure_reasons(tmp_path):
     (progress / "rank0").write_text("done -\n")
     (progress / "rank1").write_text("done -\n")
     assert ddp_step.blamed(progress, ["gloo", "zcoll-int8"]) is None, "a job that finished blames no one"
+
+
+def test_fused_adam_steps_like_the_default():
+    """--optimizer adam-fused trains the same model the same way as torch's default Adam (to float
+    rounding: the fused kernel orders its arithmetic differently), and an unknown name is refused."""
+    import torch
+    import ddp_workload as wl  # bench/
+
+    models = [wl.make_model("mlp", seed=0) for _ in wl.OPTIMIZERS]
+    opts = [wl.make_optimizer(name, m, lr=1e-3) for name, m in zip(wl.OPTIMIZERS, models)]
+    data = wl.load_digits(seed=0)
+    x, y = data.x_train[:64], data.y_train[:64]
+    start = [p.detach().clone() for p in models[0].parameters()]
+    for _ in range(5):
+        for m, o in zip(models, opts):
+            o.zero_grad()
+            wl.loss_of(m, x, y).backward()
+            o.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert opts[1].defaults["fused"] and not opts[0].defaults["fused"]
+    assert any(not torch.equal(p, q) for p, q in zip(models[0].parameters(), start))  # it trained
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        wl.make_optimizer("sgd", models[0], lr=1e-3)
