@@ -269,6 +269,9 @@ def test_driven_without_the_hook_through_every_method():
                 assert out.shape == want.shape and np.isfinite(out).all()
             step += 1
     assert set(auto.decisions) == set(bufs)
+    # the drift check ran on the decided calls, whichever path they took (check_every=2)
+    measured = [e for e in auto.events if e["event"] == "measured"]
+    assert len(measured) == 2 and all(e["measured_s"] > 0 and e["predicted_s"] > 0 for e in measured)
 
 
 def _free_port() -> int:

@@ -348,6 +348,8 @@ class AutoCompression:
             self.metrics = MetricsLog(
                 self.metrics_path if comm.rank == 0 else None, self.metrics_port, comm.rank
             )
+        if self._decided_uncompressed(key, step):
+            return self._uncompressed(comm, buf, key, step, last)
         x = _array(buf)
         if self._calibration is None:
             self._calibrate(comm)
@@ -399,6 +401,28 @@ class AutoCompression:
                 meant -= self._residual_at(key, idx)
                 both = np.concatenate([meant, grad, [self._residual_ratio.get(key, 0.0)]]).astype(np.float32)
                 self._check.append((key, method, both, y[idx].copy()))
+        if last:
+            self._end_step(comm, step)
+        return out
+
+    def _decided_uncompressed(self, key: str, step: int) -> bool:
+        """Whether `key` goes uncompressed at `step` by decision (or escalation), its residual
+        already sent: nothing to switch, sample or guard, only its time to keep."""
+        return (
+            self.decided_step is not None
+            and self.method_of.get(key, "none") == "none"
+            and self.path.get(key, ("",))[-1] == "none"
+            and not self.in_trials(step)
+        )
+
+    def _uncompressed(self, comm: Any, buf: Any, key: str, step: int, last: bool) -> Any:
+        """allreduce()'s path for a bucket decided uncompressed. Measured: auto's own work on
+        the hook's worker (Python, on the last bucket's critical path, sharing the GIL and two
+        cores with the backward pass) cost 2-4% of a 2-rank step against plain zcoll."""
+        t0 = time.perf_counter()
+        out = comm.allreduce(buf, op="avg", out=buf)
+        self._calls.append((key, "none", time.perf_counter() - t0))
+        self.calls_by_method["none"] = self.calls_by_method.get("none", 0) + 1
         if last:
             self._end_step(comm, step)
         return out
@@ -636,26 +660,31 @@ class AutoCompression:
         """One allreduce (sum) of every checked sample, one (min) of the interval's call times; the
         verdicts and the drift."""
         checks, self._check = self._check, []
-        parts = [both for _, _, both, _ in checks]
-        total = (
-            comm.allreduce(np.concatenate(parts or [np.zeros(0)]).astype(np.float32), op="sum") / comm.size
-        )
+        parts = [both for _, _, both, _ in checks]  # none when nothing is compressed (every rank alike)
+        total = None
+        if parts:
+            total = comm.allreduce(np.concatenate(parts).astype(np.float32), op="sum") / comm.size
         calls, self._calls = self._calls, []
         # as in the trials: each call's time is the least over ranks (the last to arrive waits not)
         (seconds,) = _over_ranks(comm, [[t for _, _, t in calls]], "min")
         per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
         times: Dict[str, List[float]] = {}  # key -> its calls' times
         measured = predicted = uncompressed = trial_none = 0.0
+        predictions: Dict[Tuple[str, str], Tuple[float, float]] = {}  # (key, method) -> its call, none's
         for (key, method, _), t in zip(calls, seconds):
-            nbytes = self._nbytes[key]
-            p = self.model.predict(method, nbytes, key) if self.model is not None else 0.0
+            if (key, method) not in predictions:
+                n, model = self._nbytes[key], self.model
+                predictions[(key, method)] = (
+                    (model.predict(method, n, key), model.predict("none", n, key))
+                    if model is not None
+                    else (0.0, 0.0)
+                )
+            p, none = predictions[(key, method)]
             per = per_bucket.setdefault(key, [0.0, 0.0])
             per[0] += t
             per[1] += p
             times.setdefault(key, []).append(t)
-            measured, predicted = measured + t, predicted + p
-            if self.model is not None:
-                uncompressed += self.model.predict("none", nbytes, key)
+            measured, predicted, uncompressed = measured + t, predicted + p, uncompressed + none
             trial_none += self._trial_none.get(key, 0.0)
         # each bucket's median call times its calls: what a typical step took, robust to the odd
         # call a pause or a neighbour's burst stretched (the sum keeps those)
