@@ -410,6 +410,7 @@ class AutoCompression:
         already sent: nothing to switch, sample or guard, only its time to keep."""
         return (
             self.decided_step is not None
+            and key in self._nbytes  # (not so for a bucket's first call after load_state_dict)
             and self.method_of.get(key, "none") == "none"
             and self.path.get(key, ("",))[-1] == "none"
             and not self.in_trials(step)
