@@ -272,6 +272,17 @@ def test_driven_without_the_hook_through_every_method():
     # the drift check ran on the decided calls, whichever path they took (check_every=2)
     measured = [e for e in auto.events if e["event"] == "measured"]
     assert len(measured) == 2 and all(e["measured_s"] > 0 and e["predicted_s"] > 0 for e in measured)
+    # resumed from a checkpoint: decided, but sizes and model unknown until each bucket's first
+    # call (the uncompressed path once skipped that call's bookkeeping: KeyError at the check)
+    resumed = zcoll.AutoCompression(check_every=2)
+    resumed.load_state_dict(auto.state_dict())
+    with zcoll.Communicator() as comm:
+        for _ in range(4):
+            for i, key in enumerate(bufs):
+                x = rng.standard_normal(bufs[key].size).astype(np.float32)
+                resumed.allreduce(comm, x, key, step, i == len(bufs) - 1, time.perf_counter())
+            step += 1
+    assert len([e for e in resumed.events if e["event"] == "measured"]) == 2
 
 
 def _free_port() -> int:
