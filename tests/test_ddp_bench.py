@@ -340,7 +340,9 @@ def test_failure_reasons(tmp_path):
 
 def test_fused_adam_steps_like_the_default():
     """--optimizer adam-fused trains the same model the same way as torch's default Adam (to float
-    rounding: the fused kernel orders its arithmetic differently), and an unknown name is refused."""
+    rounding: the fused kernel orders its arithmetic differently), and an unknown name is refused.
+    Two steps: later ones amplify the rounding (Adam's early updates are nearly lr * sign(g), and a
+    gradient near 0 flips sign with it: 5 steps differed by 1.3e-3 on an AVX-512 host, 2 by 1.4e-7)."""
     import torch
     import ddp_workload as wl  # bench/
 
@@ -349,7 +351,7 @@ def test_fused_adam_steps_like_the_default():
     data = wl.load_digits(seed=0)
     x, y = data.x_train[:64], data.y_train[:64]
     start = [p.detach().clone() for p in models[0].parameters()]
-    for _ in range(5):
+    for _ in range(2):
         for m, o in zip(models, opts):
             o.zero_grad()
             wl.loss_of(m, x, y).backward()
