@@ -66,7 +66,6 @@ NETWORKS = ("shm", "slow")
 WHERE = {"shm": "shared memory", "slow": "emulated link"}
 QUICK = dict(steps=4, rounds=2, warmup=2, settle=0, accuracy_epochs=2)
 FULL = dict(steps=20, rounds=4, warmup=3, settle=1, accuracy_epochs=15)
-ZCOLL_COMPRESSED = [c for c in wl.CONFIGS if c.startswith("zcoll-")]
 
 
 def log(msg: str) -> None:
@@ -169,7 +168,8 @@ def options(argv=None) -> argparse.Namespace:
             setattr(a, key, (QUICK if a.quick else FULL)[key])
     a.models = _subset(p, "model", a.models, wl.MODELS)
     a.networks = _subset(p, "network", a.networks, NETWORKS)
-    every = [c for c in wl.CONFIGS if not wl.CONFIGS[c].auto]  # "all": issue 8's; auto ones by name
+    # "all": issue 8's; the auto ones and the control by name
+    every = [c for c in wl.CONFIGS if not (wl.CONFIGS[c].auto or wl.CONFIGS[c].control)]
     a.configs = every if a.configs == "all" else _subset(p, "configuration", a.configs, wl.CONFIGS)
     try:
         a.ranks = [int(r) for r in a.ranks.split(",")]
@@ -388,8 +388,10 @@ def confirm(spec: JobSpec, timing: Optional[dict], args, ns, failures: Dict[str,
     if not medians:
         return None
     fastest = min(medians, key=medians.get)
-    # zcoll too on shared memory, for the target "at most 3% slower than uncompressed"
-    configs = list(dict.fromkeys([fastest, "zcoll-auto"] + (["zcoll"] if spec.network == "shm" else [])))
+    # zcoll too on shared memory, for the target "at most 3% slower than uncompressed", and
+    # zcoll-again: how far apart noise alone puts two identical models (that target's resolution)
+    shm = ["zcoll", "zcoll-again"] if spec.network == "shm" else []
+    configs = list(dict.fromkeys([fastest, "zcoll-auto"] + shm))
     rounds = max(1, args.confirm_steps // 10)
     again = JobSpec(spec.phase, spec.model, spec.ranks, spec.network, args.confirm_steps, rounds, CONFIRM)
     log(f"confirmation: {', '.join(configs)} ({args.confirm_steps} timed steps)")
@@ -685,12 +687,14 @@ def auto_targets(
                 )
             )
         if auto is not None and plain is not None and t.network == "shm":
+            twin = best(judged, "zcoll-again")
+            control = f"; zcoll-again (A/A) {plain.step_ms / twin.step_ms:.2f}x" if twin is not None else ""
             found.append(
                 Target(
                     f"{where}: zcoll-auto at most 3% slower than uncompressed",
                     plain.step_ms / auto.step_ms,
                     round(1 / 1.03, 3),
-                    f"auto {auto.step_ms:.1f} ms vs zcoll {plain.step_ms:.1f} ms",
+                    f"auto {auto.step_ms:.1f} ms vs zcoll {plain.step_ms:.1f} ms{control}",
                 )
             )
         if auto is not None and out is not None:
@@ -803,19 +807,39 @@ def _auto_log_targets(directory: Path, where: str) -> List[Target]:
             at_most=True,
         )
     ]
-    for key, what in (("relative", "summed"), ("typical_relative", "typical calls")):
+    sums = (("relative", "measured_s", "summed"), ("typical_relative", "typical_s", "typical calls"))
+    for key, value, what in sums:
         rel = sorted(abs(r[key]) for r in measured if key in r)
+        floor = _interval_noise(rows, value)
         out.append(
             Target(
                 f"{where}: zcoll-auto predicted communication vs measured ({what})",
                 100 * rel[len(rel) // 2] if rel else None,
                 15,
-                f"median over {len(rel)} check intervals, worst {100 * rel[-1]:.0f}%" if rel else "no checks",
+                f"median over {len(rel)} check intervals, worst {100 * rel[-1]:.0f}%"
+                + (f"; measured vs the interval before: {100 * floor:.0f}%" if floor is not None else "")
+                if rel
+                else "no checks",
                 unit="%",
                 at_most=True,
             )
         )
     return out
+
+
+def _interval_noise(rows: List[dict], value: str) -> Optional[float]:
+    """The median relative change of measured communication from one check interval to the next
+    with the same decisions (in one log, no decision between them): how well the measurement
+    itself repeats, the floor under any prediction's error."""
+    changes, previous = [], None
+    for r in rows:
+        if r["event"] in ("decision", "redecide", "escalate", "relax"):
+            previous = None
+        elif r["event"] == "measured" and value in r:
+            if previous:
+                changes.append(abs(r[value] - previous) / previous)
+            previous = r[value]
+    return statistics.median(changes) if changes else None
 
 
 def print_targets(

@@ -172,6 +172,9 @@ class Config:
     compressor: Optional[Callable[[], Any]] = None
     gloo_hook: Optional[str] = None
     auto: bool = False  # a zcoll.AutoCompression: decides within its first auto_decided() steps
+    # another model trained exactly like `zcoll`: two identical set-ups timed side by side show
+    # how far apart the benchmark's noise alone puts them (an A/A test)
+    control: bool = False
 
     @property
     def ddp(self) -> bool:
@@ -192,6 +195,7 @@ CONFIGS: Dict[str, Config] = {
         Config("gloo-fp16", "gloo", gloo_hook="fp16"),
         Config("gloo-powersgd", "gloo", gloo_hook="powersgd"),
         Config("zcoll", "zcoll"),
+        Config("zcoll-again", "zcoll", control=True),
         Config("zcoll-fp16", "zcoll", compressor=lambda: _zcoll().HalfPrecision("fp16")),
         Config("zcoll-bf16", "zcoll", compressor=lambda: _zcoll().HalfPrecision("bf16", error_feedback=True)),
         Config("zcoll-int8", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=8)),

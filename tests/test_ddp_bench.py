@@ -233,11 +233,26 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     first = {("zcoll", "default"): 30.0, ("zcoll-sign", "default"): 25.0, ("zcoll-auto", "default"): 28.0}
     saved = saved_results(first, {}, compute_ms=20.0, network="shm")
     confirm = saved_results(
-        {("zcoll-sign", "default"): 27.0, ("zcoll-auto", "default"): 27.5, ("zcoll", "default"): 31.0},
+        {
+            ("zcoll-sign", "default"): 27.0,
+            ("zcoll-auto", "default"): 27.5,
+            ("zcoll", "default"): 31.0,
+            ("zcoll-again", "default"): 31.5,  # the A/A control: 31 / 31.5 = 0.98x
+        },
         {},
         20.0,
         "shm",
     )
+    # auto's log in the confirmation job: predicted 10 ms per interval, measured 8, 12, 9, then a
+    # decision and 20, 21: errors 20%, 20%, 10%, 100%, 110% (median 20%); the measurement's own
+    # change between intervals with the same decisions: 50%, 25%, 5% (median 25%)
+    logs = tmp_path / "auto-logs" / "mlp-2-shm-confirm"
+    logs.mkdir(parents=True)
+    events = [dict(event="decision", step=45)]
+    events += [dict(event="measured", measured_s=m, relative=(m - 10) / 10) for m in (8, 12, 9)]
+    events += [dict(event="decision", step=80)]
+    events += [dict(event="measured", measured_s=m, relative=(m - 10) / 10) for m in (20, 21)]
+    (logs / "zcoll-guard-auto-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     # the optimizer's part of each step and Adam's second moments at 0 are shown beside it
     for e in confirm["jobs"][0]["timing"]["entries"]:
         e["optimizer_median"] = {"zcoll-sign": 0.010, "zcoll-auto": 0.0125}.get(e["config"], 0.011)
@@ -254,6 +269,10 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     # without the optimizer: 17.0 vs 15.0 ms
     assert "optimizer 12.5 vs 10.0 ms (second moments at 0: 5.2% vs 0.3%)" in line, line
     assert "without it 15.0 vs 17.0 ms (1.13x)" in line, line
+    line = next(ln for ln in out.splitlines() if "zcoll-auto at most 3% slower than uncompressed" in ln)
+    assert line.split()[0] == "PASS" and "zcoll-again (A/A) 0.98x" in line, line
+    line = next(ln for ln in out.splitlines() if "predicted communication vs measured (summed)" in ln)
+    assert line.split()[0] == "MISS" and "20.00%" in line and "the interval before: 25%" in line, line
 
 
 def test_help(capsys):
