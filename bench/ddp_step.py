@@ -157,7 +157,8 @@ def options(argv=None) -> argparse.Namespace:
         type=int,
         default=0,
         help="with zcoll-auto among the configurations: after each timing job, a second one of this many "
-        "timed steps with zcoll-auto and the fastest fixed method of the first only (and zcoll on shm), "
+        "timed steps with zcoll-auto and the fastest fixed method of the first only (and on shm zcoll and "
+        "zcoll-again, an identical second model: the comparison's noise), "
         "which the auto targets are judged on (the fastest of several noisy medians is biased low; 0: "
         "off, the default)",
     )
