@@ -809,6 +809,7 @@ def _auto_log_targets(directory: Path, where: str) -> List[Target]:
         )
     ]
     sums = (("relative", "measured_s", "summed"), ("typical_relative", "typical_s", "typical calls"))
+    alone = sorted(abs(r["trial_relative"]) for r in measured if r.get("trial_relative") is not None)
     for key, value, what in sums:
         rel = sorted(abs(r[key]) for r in measured if key in r)
         floor = _interval_noise(rows, value)
@@ -819,6 +820,11 @@ def _auto_log_targets(directory: Path, where: str) -> List[Target]:
                 15,
                 f"median over {len(rel)} check intervals, worst {100 * rel[-1]:.0f}%"
                 + (f"; measured vs the interval before: {100 * floor:.0f}%" if floor is not None else "")
+                + (
+                    f"; the trials' model alone: {100 * alone[len(alone) // 2]:.0f}%"
+                    if alone and key == "relative"
+                    else ""
+                )
                 if rel
                 else "no checks",
                 unit="%",

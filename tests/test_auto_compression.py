@@ -397,6 +397,8 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         relative=0.1,
         typical_s=0.0103,
         typical_relative=0.03,
+        trial_predicted_s=0.008,
+        trial_relative=0.375,
         predicted_gain_s=0.02,
         measured_gain_s=0.019,
         per_bucket={"ddp/bucket0/10": [0.012, 0.010]},
@@ -421,6 +423,7 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         "int8: 1.00 / 1.10 (none 3.10)",
         "median |error| 10.0%",
         "typical calls (each bucket's median call times its calls): median |error| 3.0%",
+        "the trials' model alone (no interval learned from): median |error| 37.5%",
         "screen at step 1 (median windows, ms; a step 10.00): int8 1.50, none 3.50; final: -",
         "exact checks, int8: 1, worst relative error 0.5",
         "escalate  ddp/bucket0/10 int8 -> bf16",
@@ -452,6 +455,30 @@ def test_drift_re_decides_only_when_another_method_would_win():
     auto.model, auto.allowed = model(1.0), ["none", "int8", "sign"]
     auto.path, auto._nbytes = {"b": ["sign"]}, {"b": 25 * MIB}
     p = auto.model.predict("sign", 25 * MIB, "b")
-    assert not auto._another_would_win({"b": [2 * 10 * p, 10 * p]})  # 10 calls, twice as slow
-    assert auto._another_would_win({"b": [20 * 10 * p, 10 * p]})
+    assert not auto._another_would_win({"b": 2 * p})  # twice as slow per call
+    assert auto._another_would_win({"b": 20 * p})
     assert auto.model.predict("int8", 25 * MIB, "b") < 20 * p
+
+
+def test_later_intervals_predicted_from_what_the_checks_measured():
+    """The first interval after the decision is predicted by the trials' model; the next by the
+    calls the first measured (a tenth trimmed off each end: one paused call does not move it);
+    the trials' model's prediction is logged beside it."""
+    auto = zcoll.AutoCompression(methods=("none", "sign"))
+    auto.model, auto.allowed = model(1.0), ["none", "sign"]
+    auto.path, auto._nbytes = {"a": ["none"], "b": ["sign"]}, {"a": MIB, "b": 25 * MIB}
+    trial = {k: auto.model.predict(m, auto._nbytes[k], k) for k, m in (("a", "none"), ("b", "sign"))}
+    first = [("a", "none", 2 * trial["a"])] * 10 + [("b", "sign", trial["b"])] * 9 + [("b", "sign", 1.0)]
+    auto._judge_prediction(9, first)
+    auto._judge_prediction(19, first)
+    one, two = [e for e in auto.events if e["event"] == "measured"]
+    measured = 20 * trial["a"] + 9 * trial["b"] + 1.0
+    assert one["measured_s"] == pytest.approx(measured) and two["measured_s"] == pytest.approx(measured)
+    assert one["predicted_s"] == pytest.approx(10 * trial["a"] + 10 * trial["b"])
+    assert one["trial_predicted_s"] == one["predicted_s"] == two["trial_predicted_s"]
+    # learned: a at twice its trial time, b at its trial time (the 1 s call trimmed off)
+    assert two["predicted_s"] == pytest.approx(20 * trial["a"] + 10 * trial["b"])
+    assert two["relative"] == pytest.approx((measured - two["predicted_s"]) / two["predicted_s"])
+    assert two["trial_relative"] == pytest.approx((measured - one["predicted_s"]) / one["predicted_s"])
+    assert two["per_bucket"]["a"] == pytest.approx([20 * trial["a"], 20 * trial["a"]])
+    assert auto._learned[("b", "sign")][-1] == 1.0 and len(auto._learned[("b", "sign")]) == 20

@@ -245,13 +245,17 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     )
     # auto's log in the confirmation job: predicted 10 ms per interval, measured 8, 12, 9, then a
     # decision and 20, 21: errors 20%, 20%, 10%, 100%, 110% (median 20%); the measurement's own
-    # change between intervals with the same decisions: 50%, 25%, 5% (median 25%)
+    # change between intervals with the same decisions: 50%, 25%, 5% (median 25%); the trials'
+    # model alone (predicting 6 ms): 33%, 100%, 50%, 233%, 250% (median 100%)
     logs = tmp_path / "auto-logs" / "mlp-2-shm-confirm"
     logs.mkdir(parents=True)
     events = [dict(event="decision", step=45)]
-    events += [dict(event="measured", measured_s=m, relative=(m - 10) / 10) for m in (8, 12, 9)]
-    events += [dict(event="decision", step=80)]
-    events += [dict(event="measured", measured_s=m, relative=(m - 10) / 10) for m in (20, 21)]
+    for m in (8, 12, 9, "decision", 20, 21):
+        if m == "decision":
+            events.append(dict(event="decision", step=80))
+        else:
+            error, alone = (m - 10) / 10, (m - 6) / 6
+            events.append(dict(event="measured", measured_s=m, relative=error, trial_relative=alone))
     (logs / "zcoll-guard-auto-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     # the optimizer's part of each step and Adam's second moments at 0 are shown beside it
     for e in confirm["jobs"][0]["timing"]["entries"]:
@@ -273,6 +277,7 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     assert line.split()[0] == "PASS" and "zcoll-again (A/A) 0.98x" in line, line
     line = next(ln for ln in out.splitlines() if "predicted communication vs measured (summed)" in ln)
     assert line.split()[0] == "MISS" and "20.00%" in line and "the interval before: 25%" in line, line
+    assert "the trials' model alone: 100%" in line, line
 
 
 def test_help(capsys):

@@ -36,9 +36,12 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    ``decision`` event per bucket: method, candidate, reason, the model's predictions (fitted
    on every trial call) and the trials' measurements.
 4. Afterwards, every ``check_every`` steps, measured against predicted communication (a
-   ``measured`` event, with both gains over the model's uncompressed time); off by more than
-   ``drift`` at two checks in a row, or a changed link verdict (``comm.diagnose()`` every
-   ``diagnose_every`` steps), runs the trials again (``redecide``).
+   ``measured`` event, with both gains over the model's uncompressed time). The first interval
+   after a decision is predicted by the trials' model, every later one by what the checks
+   before it measured of the same buckets and methods (the trials' model's prediction is
+   logged beside it). Off by more than ``drift`` at two checks in a row, when another method
+   would now win, or a changed link verdict (``comm.diagnose()`` every ``diagnose_every``
+   steps), runs the trials again (``redecide``).
 5. Guard, every step and compressed bucket: compression ratio, residual-to-gradient norm ratio
    (on ``sample`` elements, summed inside the collective: CompressionStats.input_squares /
    residual_squares), non-finite count (``bucket`` events, Prometheus gauges).
@@ -85,6 +88,7 @@ DEFAULT_BOUND = 1e-3
 RESIDUAL_BOUND = 1.0
 
 MISSING = 1e30  # a trial table's entry where a method was not measured
+LEARNED_CALLS = 512  # a (bucket, method)'s latest decided calls that predict its next interval
 
 
 def resolve(compression: Any) -> Any:
@@ -248,6 +252,9 @@ class AutoCompression:
         self._step_keys: List[str] = []  # this step's buckets, in order
         self._step_ready0: Optional[float] = None
         self._calls: List[Tuple[str, str, float]] = []  # (key, method, seconds) since the last check
+        # (key, method) -> its decided calls' seconds (least over ranks) at the checks so far, the
+        # last LEARNED_CALLS: what predicts the next interval (_predict)
+        self._learned: Dict[Tuple[str, str], List[float]] = {}
         self._trial_none: Dict[str, float] = {}  # key -> its uncompressed time in the trials
         self._drifted = 0
         self._verdict: Optional[str] = None
@@ -652,6 +659,7 @@ class AutoCompression:
         self._step_s.clear()
         self._full_s.clear()
         self._calls = []
+        self._learned.clear()
 
     def _switch_path(self, key: str, path: List[str]) -> None:
         self.path[key] = path
@@ -668,28 +676,6 @@ class AutoCompression:
         calls, self._calls = self._calls, []
         # as in the trials: each call's time is the least over ranks (the last to arrive waits not)
         (seconds,) = _over_ranks(comm, [[t for _, _, t in calls]], "min")
-        per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
-        times: Dict[str, List[float]] = {}  # key -> its calls' times
-        measured = predicted = uncompressed = trial_none = 0.0
-        predictions: Dict[Tuple[str, str], Tuple[float, float]] = {}  # (key, method) -> its call, none's
-        for (key, method, _), t in zip(calls, seconds):
-            if (key, method) not in predictions:
-                n, model = self._nbytes[key], self.model
-                predictions[(key, method)] = (
-                    (model.predict(method, n, key), model.predict("none", n, key))
-                    if model is not None
-                    else (0.0, 0.0)
-                )
-            p, none = predictions[(key, method)]
-            per = per_bucket.setdefault(key, [0.0, 0.0])
-            per[0] += t
-            per[1] += p
-            times.setdefault(key, []).append(t)
-            measured, predicted, uncompressed = measured + t, predicted + p, uncompressed + none
-            trial_none += self._trial_none.get(key, 0.0)
-        # each bucket's median call times its calls: what a typical step took, robust to the odd
-        # call a pause or a neighbour's burst stretched (the sum keeps those)
-        typical = sum(float(np.median(t)) * len(t) for t in times.values())
         off = 0
         for key, method, both, got in checks:
             n = got.size
@@ -700,46 +686,93 @@ class AutoCompression:
             )
             off += 2 * n + 1
             self._guard(key, method, _relative(got, meant), _relative(got, grad), residual, step)
-        if predicted > 0:
-            rel, typical_rel = (measured - predicted) / predicted, (typical - predicted) / predicted
-            # gains against the model's uncompressed time, and the trials' (none does not run once
-            # decided; the trials' is 0 without none among the methods)
-            self._log(
-                "measured",
-                step=step,
-                measured_s=measured,
-                predicted_s=predicted,
-                relative=rel,
-                typical_s=typical,
-                typical_relative=typical_rel,
-                predicted_gain_s=uncompressed - predicted,
-                measured_gain_s=uncompressed - measured,
-                measured_gain_vs_trials_s=trial_none - measured if trial_none > 0 else None,
-                per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
-            )
-            self._drifted = self._drifted + 1 if abs(typical_rel) > self.drift else 0
-            if self._drifted >= 2 and self._another_would_win(per_bucket):
-                self._redecide(
-                    step,
-                    f"measured communication {measured * 1e3:.1f} ms vs predicted "
-                    f"{predicted * 1e3:.1f} ms at two checks in a row",
-                )
+        if self.model is not None and calls:
+            self._judge_prediction(step, [(k, m, t) for (k, m, _), t in zip(calls, seconds)])
 
-    def _another_would_win(self, per_bucket: Dict[str, List[float]]) -> bool:
-        """Whether, at its measured cost, some bucket's method is no longer the best choice: its
-        measured time per call (the model's prediction scaled by measured / predicted over the
-        interval) exceeds another allowed method's prediction by more than the margin. A drift
-        that leaves every choice standing (sign measured at twice its prediction over a 1 Gbit/s
-        link, still far below int8's or none's) is not worth new trial steps, which include
-        uncompressed ones (164 ms each there for the 2.18M MLP)."""
+    def _predict(self, key: str, method: str) -> Tuple[float, float]:
+        """One call of (key, method): what the checks so far measured of it (_trimmed_mean), else
+        the model's prediction (fitted on the trials); and the model's prediction alone."""
+        trial = self.model.predict(method, self._nbytes[key], key)
+        learned = self._learned.get((key, method))
+        return (_trimmed_mean(learned) if learned else trial), trial
+
+    def _judge_prediction(self, step: int, calls: List[Tuple[str, str, float]]) -> None:
+        """The interval's measured communication against what was predicted for it (a `measured`
+        event), the drift that re-decides, then the interval's calls learned for the next one.
+
+        The trials' calls run in a few steps at the job's start, while each of the other methods
+        takes its turn; on two shared cores their times sat 20-45% from the later calls' in 5 of
+        12 set-ups (run 13), steadily, one way. So the prediction for an interval is what the
+        checks before it measured of the same bucket and method, once there is any; the trials'
+        model predicts the first interval after a decision (and a pair new to the checks) and
+        is logged beside it (trial_predicted_s)."""
+        # per (key, method): the prediction, the trials' model's, and the model's uncompressed time
+        predictions = {
+            (k, m): (*self._predict(k, m), self.model.predict("none", self._nbytes[k], k))
+            for k, m in {(k, m) for k, m, _ in calls}
+        }
+        per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
+        times: Dict[str, List[float]] = {}  # key -> its calls' times
+        measured = predicted = trial_predicted = uncompressed = trial_none = 0.0
+        for key, method, t in calls:
+            p, trial, none = predictions[(key, method)]
+            per = per_bucket.setdefault(key, [0.0, 0.0])
+            per[0] += t
+            per[1] += p
+            times.setdefault(key, []).append(t)
+            measured, predicted, trial_predicted = measured + t, predicted + p, trial_predicted + trial
+            uncompressed += none
+            trial_none += self._trial_none.get(key, 0.0)
+            learned = self._learned.setdefault((key, method), [])
+            learned.append(t)
+            del learned[:-LEARNED_CALLS]
+        # each bucket's median call times its calls: what a typical step took, robust to the odd
+        # call a pause or a neighbour's burst stretched (the sum keeps those)
+        typical = sum(float(np.median(t)) * len(t) for t in times.values())
+        if predicted <= 0:
+            return
+        rel, typical_rel = (measured - predicted) / predicted, (typical - predicted) / predicted
+        # gains against the model's uncompressed time, and the trials' (none does not run once
+        # decided; the trials' is 0 without none among the methods)
+        self._log(
+            "measured",
+            step=step,
+            measured_s=measured,
+            predicted_s=predicted,
+            relative=rel,
+            typical_s=typical,
+            typical_relative=typical_rel,
+            trial_predicted_s=trial_predicted,
+            trial_relative=(measured - trial_predicted) / trial_predicted if trial_predicted > 0 else None,
+            predicted_gain_s=uncompressed - predicted,
+            measured_gain_s=uncompressed - measured,
+            measured_gain_vs_trials_s=trial_none - measured if trial_none > 0 else None,
+            per_bucket=per_bucket,  # key -> [measured, predicted] seconds over the interval
+        )
+        # a change from what the checks before measured (the network, the step), two checks in a row
+        self._drifted = self._drifted + 1 if abs(typical_rel) > self.drift else 0
+        per_call = {k: sum(t) / len(t) for k, t in times.items()}
+        if self._drifted >= 2 and self._another_would_win(per_call):
+            self._redecide(
+                step,
+                f"measured communication {measured * 1e3:.1f} ms vs predicted "
+                f"{predicted * 1e3:.1f} ms at two checks in a row",
+            )
+
+    def _another_would_win(self, per_call: Dict[str, float]) -> bool:
+        """Whether, at its measured cost (key -> seconds per call over the interval), some
+        bucket's method is no longer the best choice: it exceeds another allowed method's
+        prediction by more than the margin. A drift that leaves every choice standing (sign
+        measured at twice its prediction over a 1 Gbit/s link, still far below int8's or
+        none's) is not worth new trial steps, which include uncompressed ones (164 ms each there
+        for the 2.18M MLP)."""
         if self.model is None or len(self.allowed) < 2:
             return False
-        for key, (measured, predicted) in per_bucket.items():
+        for key, mine in per_call.items():
             current = self.path.get(key, ["none"])[-1]
             nbytes = self._nbytes.get(key)
-            if nbytes is None or predicted <= 0:
+            if nbytes is None:
                 continue
-            mine = measured / predicted * self.model.predict(current, nbytes, key)
             others = [self.model.predict(m, nbytes, key) for m in self.allowed if m != current]
             if others and mine > min(others) * (1 + self.margin):
                 return True
@@ -841,6 +874,15 @@ class AutoCompression:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _trimmed_mean(times: Sequence[float]) -> float:
+    """The mean of a pair's measured calls without their fastest and slowest tenth: it predicts
+    an interval's sum (a mean), which one pause's call (a collection, a neighbour's burst) would
+    otherwise move for the rest of the run."""
+    t = np.sort(np.asarray(times, dtype=np.float64))
+    cut = t.size // 10
+    return float(t[cut : t.size - cut].mean())
 
 
 def _interquartile_mean(times: Sequence[float]) -> float:

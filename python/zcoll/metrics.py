@@ -208,6 +208,12 @@ def report(path: Any) -> str:
                 f"  typical calls (each bucket's median call times its calls): median |error| "
                 f"{100 * typical[len(typical) // 2]:.1f}%, worst {100 * typical[-1]:.1f}%"
             )
+        alone = sorted(abs(r["trial_relative"]) for r in measured if r.get("trial_relative") is not None)
+        if alone:
+            out.append(
+                f"  the trials' model alone (no interval learned from): median |error| "
+                f"{100 * alone[len(alone) // 2]:.1f}%, worst {100 * alone[-1]:.1f}%"
+            )
         per: Dict[str, list] = {}
         for r in measured:
             for key, (got, want) in r.get("per_bucket", {}).items():
