@@ -816,36 +816,83 @@ def _auto_log_targets(directory: Path, where: str) -> List[Target]:
         out.append(
             Target(
                 f"{where}: zcoll-auto predicted communication vs measured ({what})",
-                100 * rel[len(rel) // 2] if rel else None,
+                _median(rel),
                 15,
                 f"median over {len(rel)} check intervals, worst {100 * rel[-1]:.0f}%"
                 + (f"; measured vs the interval before: {100 * floor:.0f}%" if floor is not None else "")
-                + (
-                    f"; the trials' model alone: {100 * alone[len(alone) // 2]:.0f}%"
-                    if alone and key == "relative"
-                    else ""
-                )
+                + (f"; the trials' model alone: {_median(alone):.0f}%" if alone and key == "relative" else "")
                 if rel
                 else "no checks",
                 unit="%",
                 at_most=True,
             )
         )
+    learned, trial = _block_errors(rows, DEFAULT_CHECK_EVERY // wl.AUTO_CHECK_EVERY)
+    out.append(
+        Target(
+            f"{where}: zcoll-auto predicted communication vs measured (summed over "
+            f"{DEFAULT_CHECK_EVERY} steps, the default check interval)",
+            _median(learned),
+            15,
+            f"median over {len(learned)} blocks of {DEFAULT_CHECK_EVERY // wl.AUTO_CHECK_EVERY} intervals, "
+            f"worst {100 * max(learned):.0f}%"
+            + (f"; the trials' model alone: {_median(trial):.0f}%" if trial else "")
+            if learned
+            else "no block of checks",
+            unit="%",
+            at_most=True,
+        )
+    )
     return out
+
+
+# zcoll.AutoCompression's default check_every: the interval a user's log compares over
+DEFAULT_CHECK_EVERY = 50
+
+
+def _median(values: List[float]) -> Optional[float]:
+    """The median of relative errors, in percent (the upper one of an even count); None if none."""
+    return 100 * sorted(values)[len(values) // 2] if values else None
+
+
+def _chains(rows: List[dict]) -> List[List[dict]]:
+    """A log's `measured` events in runs with the same decisions (a decision, re-decision,
+    escalation or relaxation between two ends a run)."""
+    chains: List[List[dict]] = [[]]
+    for r in rows:
+        if r["event"] in ("decision", "redecide", "escalate", "relax"):
+            chains.append([])
+        elif r["event"] == "measured":
+            chains[-1].append(r)
+    return [c for c in chains if c]
+
+
+def _block_errors(rows: List[dict], size: int) -> Tuple[List[float], List[float]]:
+    """|measured - predicted| / predicted summed over consecutive blocks of `size` check
+    intervals with the same decisions, for the predictions logged (after a block's first
+    interval they learned from the intervals before it) and for the trials' model alone."""
+    learned, trial = [], []
+    for chain in _chains(rows):
+        for i in range(0, len(chain) - size + 1, size):
+            block = chain[i : i + size]
+            got, want = sum(r["measured_s"] for r in block), sum(r["predicted_s"] for r in block)
+            learned.append(abs(got - want) / want)
+            if all(r.get("trial_predicted_s") for r in block):
+                alone = sum(r["trial_predicted_s"] for r in block)
+                trial.append(abs(got - alone) / alone)
+    return learned, trial
 
 
 def _interval_noise(rows: List[dict], value: str) -> Optional[float]:
     """The median relative change of measured communication from one check interval to the next
-    with the same decisions (in one log, no decision between them): how well the measurement
-    itself repeats, the floor under any prediction's error."""
-    changes, previous = [], None
-    for r in rows:
-        if r["event"] in ("decision", "redecide", "escalate", "relax"):
-            previous = None
-        elif r["event"] == "measured" and value in r:
-            if previous:
-                changes.append(abs(r[value] - previous) / previous)
-            previous = r[value]
+    with the same decisions: how well the measurement itself repeats, the floor under any
+    prediction's error."""
+    changes = [
+        abs(b[value] - a[value]) / a[value]
+        for chain in _chains(rows)
+        for a, b in zip(chain, chain[1:])
+        if value in a and value in b and a[value]
+    ]
     return statistics.median(changes) if changes else None
 
 

@@ -203,14 +203,15 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-sign", "zcoll", compressor=lambda: _zcoll().GradientQuantizer(bits=1)),
         Config("zcoll-top10%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.1)),
         Config("zcoll-top1%", "zcoll", compressor=lambda: _zcoll().TopK(ratio=0.01)),
-        # checks every 10 steps: predicted vs measured communication within a short timed run
-        Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=10)),
+        # checks every AUTO_CHECK_EVERY steps: predicted vs measured communication within a short
+        # timed run (judged also over the library's default interval, in blocks of them)
+        Config("zcoll-auto", "zcoll", auto=True, compressor=lambda: _auto("auto", check_every=AUTO_CHECK_EVERY)),
         # the same choices without the guard: what the guard costs auto
         Config(
             "zcoll-auto-unguarded",
             "zcoll",
             auto=True,
-            compressor=lambda: _auto("unguarded", check_every=10, guard=False),
+            compressor=lambda: _auto("unguarded", check_every=AUTO_CHECK_EVERY, guard=False),
         ),
         # the guard alone (one method, escalated when its sampled error grows): its overhead
         # against zcoll-sign / zcoll-top1%, its accuracy against zcoll
@@ -226,6 +227,7 @@ def auto_decided() -> int:
 
 
 AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
+AUTO_CHECK_EVERY = 10  # zcoll-auto's check interval (the library's default: 50 steps)
 
 
 def _auto(name: str, **options: Any) -> Any:

@@ -462,23 +462,27 @@ def test_drift_re_decides_only_when_another_method_would_win():
 
 def test_later_intervals_predicted_from_what_the_checks_measured():
     """The first interval after the decision is predicted by the trials' model; the next by the
-    calls the first measured (a tenth trimmed off each end: one paused call does not move it);
-    the trials' model's prediction is logged beside it."""
+    calls the first measured: their mean predicts the sum, their median the typical calls; the
+    trials' model's prediction is logged beside it."""
     auto = zcoll.AutoCompression(methods=("none", "sign"))
     auto.model, auto.allowed = model(1.0), ["none", "sign"]
     auto.path, auto._nbytes = {"a": ["none"], "b": ["sign"]}, {"a": MIB, "b": 25 * MIB}
     trial = {k: auto.model.predict(m, auto._nbytes[k], k) for k, m in (("a", "none"), ("b", "sign"))}
-    first = [("a", "none", 2 * trial["a"])] * 10 + [("b", "sign", trial["b"])] * 9 + [("b", "sign", 1.0)]
+    slow = trial["b"] + 0.1  # one call of b stretched by 100 ms
+    first = [("a", "none", 2 * trial["a"])] * 10 + [("b", "sign", trial["b"])] * 9 + [("b", "sign", slow)]
     auto._judge_prediction(9, first)
     auto._judge_prediction(19, first)
     one, two = [e for e in auto.events if e["event"] == "measured"]
-    measured = 20 * trial["a"] + 9 * trial["b"] + 1.0
+    measured = 20 * trial["a"] + 10 * trial["b"] + 0.1
     assert one["measured_s"] == pytest.approx(measured) and two["measured_s"] == pytest.approx(measured)
     assert one["predicted_s"] == pytest.approx(10 * trial["a"] + 10 * trial["b"])
-    assert one["trial_predicted_s"] == one["predicted_s"] == two["trial_predicted_s"]
-    # learned: a at twice its trial time, b at its trial time (the 1 s call trimmed off)
-    assert two["predicted_s"] == pytest.approx(20 * trial["a"] + 10 * trial["b"])
-    assert two["relative"] == pytest.approx((measured - two["predicted_s"]) / two["predicted_s"])
+    assert one["trial_predicted_s"] == one["predicted_s"] == one["predicted_typical_s"]
+    assert two["trial_predicted_s"] == one["predicted_s"]
+    # learned: a at twice its trial time; b's mean carries the stretched call, its median not
+    assert two["predicted_s"] == pytest.approx(measured) and two["relative"] == pytest.approx(0.0)
+    assert two["predicted_typical_s"] == pytest.approx(20 * trial["a"] + 10 * trial["b"])
+    assert two["typical_s"] == pytest.approx(two["predicted_typical_s"])
+    assert two["typical_relative"] == pytest.approx(0.0)
     assert two["trial_relative"] == pytest.approx((measured - one["predicted_s"]) / one["predicted_s"])
     assert two["per_bucket"]["a"] == pytest.approx([20 * trial["a"], 20 * trial["a"]])
-    assert auto._learned[("b", "sign")][-1] == 1.0 and len(auto._learned[("b", "sign")]) == 20
+    assert auto._learned[("b", "sign")][-1] == slow and len(auto._learned[("b", "sign")]) == 20

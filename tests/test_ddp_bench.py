@@ -280,6 +280,28 @@ def test_auto_judged_on_the_confirmation_run(tmp_path, capsys):
     assert "the trials' model alone: 100%" in line, line
 
 
+def test_prediction_judged_over_the_default_check_interval(tmp_path):
+    """Blocks of five 10-step intervals with the same decisions: the measured sum against the
+    summed predictions (learned, and the trials' model alone); a decision ends a block, an
+    incomplete block is left out; the 50-step target line says so."""
+    rows = [dict(event="decision", step=45)]
+    # predicted 10 a interval (the trials' model 8); measured 11 a interval, then 20 in a block
+    # that an escalation cuts short
+    rows += [dict(event="measured", measured_s=11.0, predicted_s=10.0, trial_predicted_s=8.0)] * 10
+    rows += [dict(event="measured", measured_s=20.0, predicted_s=10.0, trial_predicted_s=8.0)] * 3
+    rows += [dict(event="escalate")]
+    rows += [dict(event="measured", measured_s=9.0, predicted_s=10.0)] * 5  # before trial_predicted_s
+    learned, trial = ddp_step._block_errors(rows, 5)
+    assert learned == pytest.approx([0.1, 0.1, 0.1]) and trial == pytest.approx([0.375, 0.375])
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "zcoll-guard-auto-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = ddp_step._auto_log_targets(logs, "here")
+    line = next(t for t in found if "over 50 steps, the default check interval" in t.what)
+    assert line.value == pytest.approx(10.0) and "3 blocks of 5 intervals" in line.detail, line
+    assert "the trials' model alone: 38%" in line.detail, line
+
+
 def test_help(capsys):
     with pytest.raises(SystemExit) as e:
         ddp_step.options(["--help"])

@@ -689,12 +689,15 @@ class AutoCompression:
         if self.model is not None and calls:
             self._judge_prediction(step, [(k, m, t) for (k, m, _), t in zip(calls, seconds)])
 
-    def _predict(self, key: str, method: str) -> Tuple[float, float]:
-        """One call of (key, method): what the checks so far measured of it (_trimmed_mean), else
-        the model's prediction (fitted on the trials); and the model's prediction alone."""
+    def _predict(self, key: str, method: str) -> Tuple[float, float, float]:
+        """One call of (key, method): what the checks so far measured of it, as the mean (what
+        predicts an interval's sum) and the median (each bucket's typical call), else both the
+        model's prediction (fitted on the trials); and the model's prediction alone."""
         trial = self.model.predict(method, self._nbytes[key], key)
         learned = self._learned.get((key, method))
-        return (_trimmed_mean(learned) if learned else trial), trial
+        if not learned:
+            return trial, trial, trial
+        return float(np.mean(learned)), float(np.median(learned)), trial
 
     def _judge_prediction(self, step: int, calls: List[Tuple[str, str, float]]) -> None:
         """The interval's measured communication against what was predicted for it (a `measured`
@@ -703,24 +706,27 @@ class AutoCompression:
         The trials' calls run in a few steps at the job's start, while each of the other methods
         takes its turn; on two shared cores their times sat 20-45% from the later calls' in 5 of
         12 set-ups (run 13), steadily, one way. So the prediction for an interval is what the
-        checks before it measured of the same bucket and method, once there is any; the trials'
+        checks before it measured of the same bucket and method, once there is any (its mean
+        for the sum; its median for the typical calls, as these are measured); the trials'
         model predicts the first interval after a decision (and a pair new to the checks) and
         is logged beside it (trial_predicted_s)."""
-        # per (key, method): the prediction, the trials' model's, and the model's uncompressed time
+        # per (key, method): the predictions (sum, typical, the trials' model's) and the model's
+        # uncompressed time
         predictions = {
             (k, m): (*self._predict(k, m), self.model.predict("none", self._nbytes[k], k))
             for k, m in {(k, m) for k, m, _ in calls}
         }
         per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
         times: Dict[str, List[float]] = {}  # key -> its calls' times
-        measured = predicted = trial_predicted = uncompressed = trial_none = 0.0
+        measured = predicted = predicted_typical = trial_predicted = uncompressed = trial_none = 0.0
         for key, method, t in calls:
-            p, trial, none = predictions[(key, method)]
+            p, p_typical, trial, none = predictions[(key, method)]
             per = per_bucket.setdefault(key, [0.0, 0.0])
             per[0] += t
             per[1] += p
             times.setdefault(key, []).append(t)
             measured, predicted, trial_predicted = measured + t, predicted + p, trial_predicted + trial
+            predicted_typical += p_typical
             uncompressed += none
             trial_none += self._trial_none.get(key, 0.0)
             learned = self._learned.setdefault((key, method), [])
@@ -731,7 +737,8 @@ class AutoCompression:
         typical = sum(float(np.median(t)) * len(t) for t in times.values())
         if predicted <= 0:
             return
-        rel, typical_rel = (measured - predicted) / predicted, (typical - predicted) / predicted
+        rel = (measured - predicted) / predicted
+        typical_rel = (typical - predicted_typical) / predicted_typical
         # gains against the model's uncompressed time, and the trials' (none does not run once
         # decided; the trials' is 0 without none among the methods)
         self._log(
@@ -742,6 +749,7 @@ class AutoCompression:
             relative=rel,
             typical_s=typical,
             typical_relative=typical_rel,
+            predicted_typical_s=predicted_typical,
             trial_predicted_s=trial_predicted,
             trial_relative=(measured - trial_predicted) / trial_predicted if trial_predicted > 0 else None,
             predicted_gain_s=uncompressed - predicted,
@@ -874,15 +882,6 @@ class AutoCompression:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
-
-
-def _trimmed_mean(times: Sequence[float]) -> float:
-    """The mean of a pair's measured calls without their fastest and slowest tenth: it predicts
-    an interval's sum (a mean), which one pause's call (a collection, a neighbour's burst) would
-    otherwise move for the rest of the run."""
-    t = np.sort(np.asarray(times, dtype=np.float64))
-    cut = t.size // 10
-    return float(t[cut : t.size - cut].mean())
 
 
 def _interquartile_mean(times: Sequence[float]) -> float:
