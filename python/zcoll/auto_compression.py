@@ -704,8 +704,8 @@ class AutoCompression:
         event), the drift that re-decides, then the interval's calls learned for the next one.
 
         The trials' calls run in a few steps at the job's start, while each of the other methods
-        takes its turn; on two shared cores their times sat 20-45% from the later calls' in 5 of
-        12 set-ups (run 13), steadily, one way. So the prediction for an interval is what the
+        takes its turn; on two shared cores their times sat 17-43% (median error) from the later
+        calls' in 5 of 12 set-ups (run 13), steadily, one way. So the prediction for an interval is what the
         checks before it measured of the same bucket and method, once there is any (its mean
         for the sum; its median for the typical calls, as these are measured); the trials'
         model predicts the first interval after a decision (and a pair new to the checks) and
