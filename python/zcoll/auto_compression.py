@@ -705,11 +705,11 @@ class AutoCompression:
 
         The trials' calls run in a few steps at the job's start, while each of the other methods
         takes its turn; on two shared cores their times sat 17-43% (median error) from the later
-        calls' in 5 of 12 set-ups (run 13), steadily, one way. So the prediction for an interval is what the
-        checks before it measured of the same bucket and method, once there is any (its mean
-        for the sum; its median for the typical calls, as these are measured); the trials'
-        model predicts the first interval after a decision (and a pair new to the checks) and
-        is logged beside it (trial_predicted_s)."""
+        calls' in 5 of 12 set-ups (run 13), steadily, one way. So the prediction for an interval
+        is what the checks before it measured of the same bucket and method, once there is any
+        (its mean for the sum; its median for the typical calls, as these are measured); the
+        trials' model predicts the first interval after a decision (and a pair new to the
+        checks) and is logged beside it (trial_predicted_s)."""
         # per (key, method): the predictions (sum, typical, the trials' model's) and the model's
         # uncompressed time
         predictions = {
@@ -729,12 +729,13 @@ class AutoCompression:
             predicted_typical += p_typical
             uncompressed += none
             trial_none += self._trial_none.get(key, 0.0)
-            learned = self._learned.setdefault((key, method), [])
-            learned.append(t)
-            del learned[:-LEARNED_CALLS]
         # each bucket's median call times its calls: what a typical step took, robust to the odd
         # call a pause or a neighbour's burst stretched (the sum keeps those)
         typical = sum(float(np.median(t)) * len(t) for t in times.values())
+        for key, method in predictions:  # learned after predicting: for the next interval
+            learned = self._learned.setdefault((key, method), [])
+            learned += [t for k, m, t in calls if (k, m) == (key, method)]
+            del learned[:-LEARNED_CALLS]
         if predicted <= 0:
             return
         rel = (measured - predicted) / predicted

@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C
 
@@ -164,6 +164,12 @@ def is_metrics_log(path: Any) -> bool:
             return False
 
 
+def _errors(measured: List[Dict[str, Any]], field: str) -> str:
+    """The median and worst |relative error| of the `measured` events that have `field`."""
+    errors = sorted(abs(r[field]) for r in measured if r.get(field) is not None)
+    return f"median |error| {100 * errors[len(errors) // 2]:.1f}%, worst {100 * errors[-1]:.1f}%"
+
+
 def report(path: Any) -> str:
     """What ``zcoll report`` prints for a metrics log: the decisions (method, reason, predicted
     vs the trials' measurement), predicted vs measured communication per check, the exact checks
@@ -195,25 +201,18 @@ def report(path: Any) -> str:
             )
     measured = [r for r in rows if r["event"] == "measured"]
     if measured:
-        rel = [abs(r["relative"]) for r in measured]
         out.append(
-            f"communication, predicted vs measured over {len(measured)} check intervals: median |error| "
-            f"{100 * sorted(rel)[len(rel) // 2]:.1f}%, worst {100 * max(rel):.1f}%; measured gain over "
+            f"communication, predicted vs measured over {len(measured)} check intervals: "
+            f"{_errors(measured, 'relative')}; measured gain over "
             f"uncompressed (model) {1e3 * sum(r['measured_gain_s'] for r in measured):.1f} ms, predicted "
             f"{1e3 * sum(r['predicted_gain_s'] for r in measured):.1f} ms"
         )
-        typical = sorted(abs(r["typical_relative"]) for r in measured if "typical_relative" in r)
-        if typical:
-            out.append(
-                f"  typical calls (each bucket's median call times its calls): median |error| "
-                f"{100 * typical[len(typical) // 2]:.1f}%, worst {100 * typical[-1]:.1f}%"
-            )
-        alone = sorted(abs(r["trial_relative"]) for r in measured if r.get("trial_relative") is not None)
-        if alone:
-            out.append(
-                f"  the trials' model alone (no interval learned from): median |error| "
-                f"{100 * alone[len(alone) // 2]:.1f}%, worst {100 * alone[-1]:.1f}%"
-            )
+        for field, what in (
+            ("typical_relative", "typical calls (each bucket's median call times its calls)"),
+            ("trial_relative", "the trials' model alone (no interval learned from)"),
+        ):
+            if any(r.get(field) is not None for r in measured):
+                out.append(f"  {what}: {_errors(measured, field)}")
         per: Dict[str, list] = {}
         for r in measured:
             for key, (got, want) in r.get("per_bucket", {}).items():
