@@ -206,6 +206,56 @@ def test_choose_fastest_or_least_lossy_within_a_margin_never_slower_than_uncompr
         cm.choose(cands, {}, None, 0.100)
 
 
+def test_choose_by_the_calls_where_the_final_does_not_resolve_the_windows():
+    """Windows (six rounds) that scatter by more than their gap: the calls decide (all in ms)."""
+    cands = [cm.Candidate(m) for m in ("none", "sign", "top1%")]
+    windows = {
+        "none": [180.0, 175.0, 190.0, 170.0, 185.0, 178.0],
+        "sign": [60.0, 45.0, 52.0, 70.0, 41.0, 55.0],
+        "top1%": [50.0, 58.0, 43.0, 62.0, 49.0, 47.0],  # 2-4 ms ahead of sign, scattered by 10
+    }
+    times = cm.paired_medians(windows)
+    assert times["top1%"] < times["sign"]
+    final = cm.FinalRounds(windows, {"none": 150.0, "sign": 7.4, "top1%": 9.6})
+    d, resolution = final.gap("sign", "top1%")
+    assert 0 < d < resolution and not final.resolved_slower("sign", "top1%")
+    assert final.resolved_slower("none", "sign") and final.resolved_slower("none", "top1%")
+    pick, why = cm.choose(cands, times, times["none"], 100.0, final=final)
+    assert pick.name == "sign", why
+    assert "do not resolve sign +" in why and "against top1%" in why and "the least calls" in why
+    # the same calls, windows that resolve top-1%'s lead (every round 8-10 ms ahead): the windows decide
+    steady = dict(windows, **{"top1%": [w - 9.0 + (r % 2) for r, w in enumerate(windows["sign"])]})
+    steady_final = cm.FinalRounds(steady, final.calls)
+    pick, why = cm.choose(cands, cm.paired_medians(steady), 180.0, 100.0, final=steady_final)
+    assert pick.name == "top1%" and why.endswith("ahead beyond the final's resolution")
+    # without the final's rounds (the screen decided): the fastest median
+    pick, _ = cm.choose(cands, times, times["none"], 100.0)
+    assert pick.name == "top1%"
+    # fewer than three rounds resolve nothing
+    assert cm.FinalRounds({"a": [1.0, 2.0], "b": [3.0, 4.0]}).gap("a", "b") == (0.0, math.inf)
+
+
+def test_choose_compresses_only_on_a_gain_the_final_resolves():
+    """Uncompressed and sign in the same rounds (shared memory): sign's median is 6% of a step
+    ahead, but one round in three has it behind: not resolved, so uncompressed."""
+    cands = [cm.Candidate("none"), cm.Candidate("sign")]
+    windows = {"none": [40.0, 42.0, 41.0, 40.0, 43.0, 41.0], "sign": [30.0, 52.0, 33.0, 50.0, 34.0, 36.0]}
+    times = cm.paired_medians(windows)
+    assert times["sign"] <= times["none"] - 0.05 * 100.0
+    final = cm.FinalRounds(windows, {"none": 10.0, "sign": 5.0})
+    pick, why = cm.choose(cands, times, times["none"], 100.0, final=final)
+    assert pick.name == "none" and "beyond the final's resolution" in why
+    # steadily 8 ahead: resolved, compressed
+    steady = dict(windows, sign=[w - 8.0 for w in windows["none"]])
+    steady_final = cm.FinalRounds(steady, final.calls)
+    pick, _ = cm.choose(cands, cm.paired_medians(steady), 41.0, 100.0, final=steady_final)
+    assert pick.name == "sign"
+    # uncompressed not in the final (far behind over a slow link): the screen's median, as before
+    alone = cm.FinalRounds({"sign": windows["sign"]})
+    pick, _ = cm.choose(cands[1:], {"sign": 36.0}, 80.0, 100.0, final=alone)
+    assert pick.name == "sign"
+
+
 def test_paired_medians_cancel_what_slows_a_round():
     # b is 1 ms faster than a but for one round; rounds 2 and 3 were slowed as a whole (a
     # neighbour's burst), round 4 only b's step: plain medians (a 10, b 29) would pick a

@@ -29,10 +29,13 @@ allreduced numbers by deterministic code, so it is identical on every rank.
    step each, so that what else the machine does falls on all of them alike; each one's time
    is the median over rounds of its window against its round's (compression_model.
    paired_medians: what slows a whole round cancels); the best wins (compression_model.choose:
-   a compressed one only when it saved ``min_gain`` of a step against uncompressed, then the
-   fastest; with ``step_margin`` the least lossy within that fraction of a step of the
-   fastest). The model itself judges only communication; the steps also pay what the codecs
-   take from the computation (they share the cores), so the steps decide. A
+   a compressed one only when it saved ``min_gain`` of a step against uncompressed, a gain the
+   rounds resolve where both took turns; then the fastest, or where the rounds do not resolve
+   its lead over others, of those the one whose calls took the least (compression_model.
+   FinalRounds: six rounds of windows scatter more than the gaps between compressed methods,
+   the calls far less); with ``step_margin`` the least lossy within that fraction of a step of
+   the fastest). The model itself judges only communication; the steps also pay what the codecs
+   take from the computation (they share the cores), so the steps decide where they can. A
    ``decision`` event per bucket: method, candidate, reason, the model's predictions (fitted
    on every trial call) and the trials' measurements.
 4. Afterwards, every ``check_every`` steps, measured against predicted communication (a
@@ -568,23 +571,20 @@ class AutoCompression:
         }
         return cm.fit(self._calibration or [], self._codecs, comm.size, trials), table
 
-    def _step_medians(
-        self, comm: Any, names: Sequence[str], paired: bool = False
-    ) -> Tuple[Dict[str, float], float]:
-        """Per candidate name its trial steps' median window (paired: the final's, round by round,
-        compression_model.paired_medians), and the trial steps' median end to end time (a typical
-        step); every step the slowest rank's."""
+    def _step_times(self, comm: Any, names: Sequence[str]) -> Tuple[Dict[str, List[float]], float]:
+        """Per candidate name its counted trial steps' windows (in order: the final's r-th from
+        round r), and the trial steps' median end to end time (a typical step); every step the
+        slowest rank's."""
         names = list(names)
         steps = _over_ranks(comm, [self._step_s.get(n, []) for n in names] + [self._full_s], "max")
         full = float(np.median(steps.pop() or [0.0]))
-        if paired:
-            return cm.paired_medians(dict(zip(names, steps))), full
-        return {n: float(np.median(t)) for n, t in zip(names, steps) if t}, full
+        return {n: t for n, t in zip(names, steps) if t}, full
 
     def _screen(self, comm: Any, keys: List[str], step: int) -> None:
         """The screen's end (module docstring, 3): its step medians, the model fitted on its
         calls and the model's per-bucket plan; the final's candidates (compression_model.finalists)."""
-        self._screened, typical = self._step_medians(comm, self.methods)
+        windows, typical = self._step_times(comm, self.methods)
+        self._screened = {n: float(np.median(t)) for n, t in windows.items()}
         self._typical = typical
         self.model, table = self._fit_trials(comm, keys)
         buckets = [(k, self._nbytes[k], table[i, -1]) for i, k in enumerate(keys)]
@@ -610,17 +610,17 @@ class AutoCompression:
         the predictions."""
         cols = list(self.methods)
         self.model, table = self._fit_trials(comm, keys)
+        final: Optional[cm.FinalRounds] = None
         if self._final:
             candidates = self._final
-            windows, typical = self._step_medians(comm, [c.name for c in self._final], paired=True)
+            rounds, typical = self._step_times(comm, [c.name for c in self._final])
+            windows = cm.paired_medians(rounds)
+            final = cm.FinalRounds(rounds, self._calls_of(candidates, keys, table))
         else:
-            candidates, windows, typical = (
-                [cm.Candidate(m) for m in cols],
-                dict(self._screened),
-                self._typical,
-            )
+            candidates = [cm.Candidate(m) for m in cols]
+            windows, typical = dict(self._screened), self._typical
         none_s = windows.get("none", self._screened.get("none"))
-        winner, why = cm.choose(candidates, windows, none_s, typical, self.min_gain, self.step_margin)
+        winner, why = cm.choose(candidates, windows, none_s, typical, self.min_gain, self.step_margin, final)
         self.allowed = [m for m in cols if m in winner.methods() or m == "none"]
         if "none" in cols:
             j = cols.index("none")
@@ -649,6 +649,8 @@ class AutoCompression:
                 predicted=predicted,
                 measured_trial={m: float(table[i, j]) for j, m in enumerate(cols) if table[i, j] < MISSING},
                 trial_window_s=windows,
+                final_rounds_s=final.windows if final is not None else None,
+                final_calls_s=final.calls if final is not None else None,
                 screen_window_s=self._screened,
                 typical_step_s=typical,
                 physics_predicted={m: physics.predict(m, n) for m in cols},
@@ -660,6 +662,22 @@ class AutoCompression:
         self._full_s.clear()
         self._calls = []
         self._learned.clear()
+
+    def _calls_of(
+        self, candidates: Sequence[cm.Candidate], keys: List[str], table: np.ndarray
+    ) -> Dict[str, float]:
+        """Per candidate the sum over buckets of each bucket's typical trial call with its method
+        (the `table` of _fit_trials); a candidate with a call not measured is left out."""
+        cols = list(self.methods)
+        calls = {}
+        for c in candidates:
+            each = [
+                table[i, cols.index(c.method(k))] if c.method(k) in cols else MISSING
+                for i, k in enumerate(keys)
+            ]
+            if all(t < MISSING for t in each):
+                calls[c.name] = float(sum(each))
+        return calls
 
     def _switch_path(self, key: str, path: List[str]) -> None:
         self.path[key] = path
