@@ -392,15 +392,14 @@ def choose(
     ms = ", ".join(
         f"{c.name} {1e3 * times[c.name]:.2f}" for c in sorted(measured, key=lambda c: times[c.name])
     )
-    if not eligible:
-        if none_s is not None:
-            reason = (
-                f"no method saved {min_gain:.0%} of a {1e3 * step_s:.2f} ms step against uncompressed "
-                f"({1e3 * none_s:.2f} ms; medians, ms: {ms})"
-                + (" beyond the final's resolution" if final is not None else "")
-            )
-            return Candidate("none"), reason
-        eligible = measured
+    if none_s is not None and all(c.name == "none" for c in eligible):
+        reason = (
+            f"no method saved {min_gain:.0%} of a {1e3 * step_s:.2f} ms step against uncompressed "
+            f"({1e3 * none_s:.2f} ms; medians, ms: {ms})"
+            + (" beyond the final's resolution" if final is not None else "")
+        )
+        return Candidate("none"), reason
+    eligible = eligible or measured
     fastest = min(eligible, key=lambda c: (times[c.name], c.lossiness))
     if margin:
         near = [c for c in eligible if times[c.name] <= times[fastest.name] + margin * step_s]
