@@ -319,6 +319,14 @@ def test_driven_without_the_hook_through_every_method():
                 assert out.shape == want.shape and np.isfinite(out).all()
             step += 1
     assert set(auto.decisions) == set(bufs)
+    # the final's evidence is logged: its windows round by round, and per candidate the sum over
+    # buckets of each bucket's typical trial call (what decides where the windows do not resolve)
+    decided = [e for e in auto.events if e["event"] == "decision"]
+    rounds, calls = decided[0]["final_rounds_s"], decided[0]["final_calls_s"]
+    assert set(rounds) == set(calls) and len(calls) >= 2
+    assert all(len(w) == auto.final_rounds for w in rounds.values())
+    for name in set(calls) - {cm.PLAN}:
+        assert calls[name] == pytest.approx(sum(e["measured_trial"][name] for e in decided))
     # the drift check ran on the decided calls, whichever path they took (check_every=2)
     measured = [e for e in auto.events if e["event"] == "measured"]
     assert len(measured) == 2 and all(e["measured_s"] > 0 and e["predicted_s"] > 0 for e in measured)
