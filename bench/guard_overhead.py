@@ -2,6 +2,7 @@
 """What the compression guard costs a training step, measured as a difference of step times.
 
     mpirun -n 2 python bench/guard_overhead.py [--model mlp] [--method sign] [--blocks 40]
+    mpirun -n 2 python bench/guard_overhead.py --compare auto-none [--model mlp]
 
 Two DDP models from the same initial weights, on the same batches of scikit-learn's digits, with
 the same compressed method through zcoll.AutoCompression(methods=[METHOD]): one with the guard
@@ -13,6 +14,12 @@ not counted. Prints the median step of each, the overhead (guarded / unguarded -
 spread of the per-round ratios, and the guard's own time per step as it times itself
 (AutoCompression.guard_seconds: wall time on the hook's worker, GIL waits included; and
 guard_cpu_seconds: the worker thread's CPU time in it).
+
+--compare auto-none measures instead what compression="auto" costs where it decided to send
+uncompressed (shared memory): plain zcoll (DDP's own allreduce through the zcoll backend, no
+hook) against zcoll.AutoCompression(methods=["none"]) through the compression hook (its trial
+steps, then every bucket on auto's decided-uncompressed path, the drift checks every
+--check-every steps), in the same A B B A blocks.
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 def options(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--compare",
+        default="guard",
+        choices=["guard", "auto-none"],
+        help="guard: the guard off against on (default); auto-none: plain zcoll against auto decided uncompressed",
+    )
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
     p.add_argument("--method", default="sign", help="the compressed method (zcoll.compression_model's names)")
     p.add_argument("--blocks", type=int, default=40, help="blocks per model (default 40)")
@@ -48,10 +61,12 @@ def options(argv=None):
 class Run:
     """One model, its optimizer, its batches and its step times."""
 
-    def __init__(self, args, guard: bool, data, rank: int, size: int):
+    def __init__(self, args, auto, data, rank: int, size: int):
+        """auto: the model's zcoll.AutoCompression, or None for plain zcoll (no hook)."""
         self.ddp = DDP(wl.make_model(args.model, args.seed))
-        self.auto = zcoll.AutoCompression(methods=[args.method], guard=guard, check_every=args.check_every)
-        zcoll.torch.apply_gradient_compression(self.ddp, self.auto)
+        self.auto = auto
+        if auto is not None:
+            zcoll.torch.apply_gradient_compression(self.ddp, auto)
         self.opt = torch.optim.Adam(self.ddp.parameters(), lr=1e-3)
         self.batches = wl.Batches(data, args.batch, rank, size, args.seed)
         self.times: list = []
@@ -78,19 +93,24 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     rank, size = dist.get_rank(), dist.get_world_size()
     data = wl.load_digits(args.seed)
-    plain, guarded = Run(args, False, data, rank, size), Run(args, True, data, rank, size)
-    for r in (plain, guarded):  # warm-up: DDP's bucket rebuild, the trial steps (1 method x 4)
+    if args.compare == "guard":
+        a = zcoll.AutoCompression(methods=[args.method], guard=False, check_every=args.check_every)
+        b = zcoll.AutoCompression(methods=[args.method], guard=True, check_every=args.check_every)
+    else:
+        a, b = None, zcoll.AutoCompression(methods=["none"], check_every=args.check_every)
+    first, second = Run(args, a, data, rank, size), Run(args, b, data, rank, size)
+    for r in (first, second):  # warm-up: DDP's bucket rebuild, the trial steps (1 method x 4)
         for _ in range(10):
             r.step()
-    spent0 = guard_spent(guarded.auto)
+    spent0 = guard_spent(second.auto)
     for i in range(args.blocks // 2):
-        for r in (plain, guarded, guarded, plain):  # A B B A
+        for r in (first, second, second, first):  # A B B A
             r.block(args.block)
         if rank == 0 and (i + 1) % 5 == 0:
             print(f"  round {i + 1}/{args.blocks // 2}", flush=True)
-    wall, cpu = (after - before for after, before in zip(guard_spent(guarded.auto), spent0))
+    wall, cpu = (after - before for after, before in zip(guard_spent(second.auto), spent0))
     if rank == 0:
-        report(args, plain, guarded, wall, cpu)
+        report(args, first, second, wall, cpu)
     dist.destroy_process_group()
     return 0
 
@@ -100,25 +120,35 @@ def guard_spent(auto) -> tuple:
     return auto.guard_seconds + auto._guard_spent.wall, auto.guard_cpu_seconds + auto._guard_spent.cpu
 
 
-def report(args, plain: Run, guarded: Run, guard_s: float, guard_cpu_s: float) -> None:
-    a = [t for block in plain.times for t in block]
-    b = [t for block in guarded.times for t in block]
+def report(args, first: Run, second: Run, guard_s: float, guard_cpu_s: float) -> None:
+    a = [t for block in first.times for t in block]
+    b = [t for block in second.times for t in block]
     ma, mb = statistics.median(a), statistics.median(b)
-    # per round (A B B A): the guarded blocks' median over the plain blocks' median
+    # per round (A B B A): the second's blocks' median over the first's
     ratios = sorted(
-        statistics.median(guarded.times[2 * i] + guarded.times[2 * i + 1])
-        / statistics.median(plain.times[2 * i] + plain.times[2 * i + 1])
-        for i in range(len(plain.times) // 2)
+        statistics.median(second.times[2 * i] + second.times[2 * i + 1])
+        / statistics.median(first.times[2 * i] + first.times[2 * i + 1])
+        for i in range(len(first.times) // 2)
     )
     q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
     own, cpu = (guard_s / len(b), guard_cpu_s / len(b)) if b else (0.0, 0.0)
+    if args.compare == "guard":
+        what, names = f"{args.method}, ", ("unguarded", "guarded")
+    else:
+        what, names = "", ("plain zcoll", "auto (decided none)")
     print(
-        f"{args.model}, {args.method}, {dist.get_world_size()} ranks, {len(a)} + {len(b)} timed steps:\n"
-        f"  unguarded {ma * 1e3:.2f} ms, guarded {mb * 1e3:.2f} ms a step: overhead {mb / ma - 1:+.1%} "
-        f"(per-round ratios: median {statistics.median(ratios) - 1:+.1%}, quartiles {q1 - 1:+.1%} .. {q3 - 1:+.1%})\n"
-        f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), wall time on the hook's worker; "
-        f"its CPU time {cpu * 1e3:.3f} ms ({cpu / mb:.1%})"
+        f"{args.model}, {what}{dist.get_world_size()} ranks, {len(a)} + {len(b)} timed steps:\n"
+        f"  {names[0]} {ma * 1e3:.2f} ms, {names[1]} {mb * 1e3:.2f} ms a step: overhead {mb / ma - 1:+.1%} "
+        f"(per-round ratios: median {statistics.median(ratios) - 1:+.1%}, quartiles {q1 - 1:+.1%} .. {q3 - 1:+.1%})"
     )
+    if args.compare == "auto-none":
+        auto = second.auto
+        print(f"  auto decided at step {auto.decided_step}; its bucket calls by method: {auto.calls_by_method}")
+    else:
+        print(
+            f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), wall time on the hook's worker; "
+            f"its CPU time {cpu * 1e3:.3f} ms ({cpu / mb:.1%})"
+        )
 
 
 if __name__ == "__main__":

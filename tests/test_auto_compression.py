@@ -493,7 +493,8 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
 
 def test_guard_overhead_bench_runs():
     """bench/guard_overhead.py in short: both models train in A B B A blocks and it prints the
-    overhead and the guard's own time (the figures are measurements, not judged here)."""
+    overhead and the guard's own time (the figures are measurements, not judged here); with
+    --compare auto-none, plain zcoll against auto decided uncompressed."""
     from mpi_util import ROOT, python_mpirun
 
     bench = ROOT / "bench" / "guard_overhead.py"
@@ -504,6 +505,12 @@ def test_guard_overhead_bench_runs():
     assert (
         "cnn, sign, 2 ranks, 4 + 4 timed steps" in out and "overhead" in out and "the guard's own time" in out
     ), out
+    rc, out = python_mpirun(
+        2, bench, "--compare", "auto-none", "--blocks", "2", "--block", "3", "--model", "cnn", timeout=300
+    )
+    assert rc == 0, out
+    assert "cnn, 2 ranks, 4 + 4 timed steps" in out and "plain zcoll" in out and "auto (decided none)" in out, out
+    assert "auto decided at step 4" in out and "the guard's own time" not in out, out
 
 
 def test_drift_re_decides_only_when_another_method_would_win():
