@@ -1,7 +1,7 @@
 """compression="auto": the per-bucket cost model and decision on synthetic costs (no MPI), the
 metrics log and Prometheus text, the refusals; the multi-rank behaviour (identical decisions,
 escalation on a corrupting codec, the metrics a run writes, recommend) in
-tests/torch_mpi/auto_compression.py."""
+tests/torch_mpi/auto_compression.py, and without DDP (comm.allreduce) in tests/mpi/auto_calls.py."""
 
 from __future__ import annotations
 
@@ -284,9 +284,12 @@ def test_resolve_and_refusals():
     with pytest.raises(ValueError, match="_test_corrupt_fraction"):
         zcoll.AutoCompression(_test_corrupt_fraction=2.0)
     c = zcoll.Communicator()
-    for what in ("auto", zcoll.AutoCompression()):
-        with pytest.raises(ValueError, match="DDP hook"):
-            c.allreduce(np.ones(4, np.float32), op="avg", compression=what, key="k")
+    with pytest.raises(TypeError, match="'int8'"):
+        c.allreduce(np.ones(4, np.float32), op="avg", compression="int8", key="k")
+    for what in ("auto", zcoll.AutoCompression()):  # without DDP: its own cases in tests/mpi/auto_calls.py
+        with pytest.raises(ValueError, match="key="):
+            c.allreduce(np.ones(4, np.float32), op="avg", compression=what)
+    assert isinstance(c.auto_compression, zcoll.AutoCompression)
 
 
 def test_driven_without_the_hook_through_every_method():
@@ -405,6 +408,13 @@ def test_metrics_port_from_environment():
 @pytest.mark.parametrize("case", case_names("torch_mpi/auto_compression.py"))
 def test_auto_compression_two_ranks(case):
     script_job("torch_mpi/auto_compression.py", 2).check(case)
+
+
+@pytest.mark.parametrize("case", case_names("mpi/auto_calls.py"))
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_auto_compression_without_ddp(nprocs, case):
+    """comm.allreduce(x, op="avg", compression="auto", key=k) in a loop of steps (tests/mpi/auto_calls.py)."""
+    script_job("mpi/auto_calls.py", nprocs, timeout=300).check(case)
 
 
 ON_FOUR = ["decisions_identical_on_every_rank", "corrupting_codec_escalates_within_one_interval"]

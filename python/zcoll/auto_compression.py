@@ -3,11 +3,12 @@ guarded while it trains.
 
 Used through the DDP hook (``zcoll.torch.apply_gradient_compression(ddp, "auto")`` or
 ``CompressionState(compressor=zcoll.AutoCompression(...))``); the string "auto" means
-``AutoCompression()`` (:func:`resolve`). ``comm.allreduce(compression="auto")`` is refused: a
-single call has no step to measure in and no backward pass to overlap with.
+``AutoCompression()`` (:func:`resolve`). Or called directly, once per tensor and training step
+(``comm.allreduce(grad, op="avg", compression="auto", key=name, out=grad)``: each key one
+bucket; a step ends where a key of the step comes again, see :meth:`AutoCompression._allreduce`).
 
-Everything below runs on the process group's ordered worker, in bucket order, so every
-collective it adds is issued in the same order on every rank; every decision is made from
+Everything below runs on the process group's ordered worker, in bucket order (or in the
+caller's order of keys), so every collective it adds is issued in the same order on every rank; every decision is made from
 allreduced numbers by deterministic code, so it is identical on every rank.
 
 1. Calibrate (first bucket): uncompressed allreduces of 256 B, 1 MiB and 4 MiB and the kernel
@@ -72,6 +73,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _C
 from . import compression_model as cm
 from .metrics import MetricsLog
 
@@ -262,6 +264,8 @@ class AutoCompression:
         self._drifted = 0
         self._verdict: Optional[str] = None
         self._check: List[Tuple[str, str, np.ndarray, np.ndarray]] = []  # key, method, meant, got
+        # comm.allreduce(compression=self): the step of the calls, its keys so far, its last call's end
+        self._call_step, self._call_keys, self._call_end = 0, set(), 0.0
         self.events: List[Dict[str, Any]] = []  # decisions and guard events (also in the log)
 
     def __repr__(self) -> str:
@@ -415,6 +419,44 @@ class AutoCompression:
             self._end_step(comm, step)
         return out
 
+    def _allreduce(self, comm: Any, x: Any, out: Any, op: Any, algorithm: Any, key: Optional[str]) -> None:
+        """``comm.allreduce(x, op="avg", compression=self, key=key, out=out)``: the hook's path for
+        a caller without DDP (a manual loop, Horovod-style), each key a bucket. The caller calls
+        every key once per training step, in the same order on every rank; a step ends where a key
+        the step already had comes again (so the step's checks, screen and decision run at the
+        next step's first call, on every rank at the same point). The trials' windows run from a
+        step's first call to its last call's end. Only averages (what error feedback and the
+        guard's exact check compare against); float32 only (the codecs' residuals)."""
+        if key is None:
+            raise ValueError(
+                'compression="auto" measures and decides per tensor: pass key=... naming it (the same '
+                "keys, once each per training step, in the same order on every rank)"
+            )
+        name = op if isinstance(op, str) else getattr(op, "name", str(op))
+        if name != "avg":
+            raise ValueError(f'compression="auto" averages: pass op="avg" (got {name!r})')
+        if (algorithm if isinstance(algorithm, str) else getattr(algorithm, "name", "")) != "auto":
+            raise ValueError(f"compression='auto' chooses its own algorithms: leave algorithm='auto' (got {algorithm!r})")
+        dtype, shape, _ = _C.describe(x, "x")
+        if dtype != "float32":
+            raise TypeError(f'compression="auto" takes float32 tensors, got {dtype} (key {key!r})')
+        if out is not x:
+            out_dtype, out_shape, _ = _C.describe(out, "out")
+            if (out_dtype, tuple(out_shape)) != (dtype, tuple(shape)):
+                raise ValueError(f"out must match x: x is {dtype}{tuple(shape)}, out {out_dtype}{tuple(out_shape)}")
+            xs, outs = _array(x), _array(out)
+            if np.shares_memory(xs, outs):
+                raise ValueError("out overlaps x without being x: pass out=x (in place) or a separate buffer")
+            np.copyto(outs, xs)
+        if key in self._call_keys:  # the keys came round again: the previous step is complete
+            self._end_step(comm, self._call_step, self._call_end)
+            self._call_step += 1
+            self._call_keys.clear()
+        self._call_keys.add(key)
+        flat = out.reshape(-1)  # a view (contiguous): residuals move between methods as 1-D, as DDP's buckets
+        self.allreduce(comm, flat, key, self._call_step, False, time.perf_counter())
+        self._call_end = time.perf_counter()
+
     def _decided_uncompressed(self, key: str, step: int) -> bool:
         """Whether `key` goes uncompressed at `step` by decision (or escalation), its residual
         already sent: nothing to switch, sample or guard, only its time to keep."""
@@ -499,9 +541,11 @@ class AutoCompression:
             self.metrics.write(event, **fields)
 
     # -- collectives at a step's end (every rank, same step) ------------------------------------
-    def _end_step(self, comm: Any, step: int) -> None:
+    def _end_step(self, comm: Any, step: int, end: Optional[float] = None) -> None:
+        """The step's bookkeeping and its collectives (screen, decision, checks); `end`: when its
+        last bucket's call ended (None: now)."""
         keys, ready0, self._step_keys, self._step_ready0 = self._step_keys, self._step_ready0, [], None
-        now = time.perf_counter()
+        now = time.perf_counter() if end is None else end
         trial = self.in_trials(step)
         if trial and self._counted(step) and ready0 is not None:
             self._step_s.setdefault(self._trial_candidate(step).name, []).append(now - ready0)
@@ -882,6 +926,7 @@ class AutoCompression:
             "final": [[c.name, dict(c.plan)] for c in self._final],
             "decided_step": self.decided_step,
             "allowed": list(self.allowed),
+            "call_step": self._call_step + bool(self._call_keys),  # (a resumed run starts a step)
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -897,6 +942,7 @@ class AutoCompression:
         self._final = [cm.Candidate(name, dict(plan)) for name, plan in state["final"]]
         self.decided_step = state["decided_step"]
         self.allowed = list(state["allowed"])
+        self._call_step, self._call_keys = int(state.get("call_step", 0)), set()
 
     def close(self) -> None:
         if self.metrics is not None:

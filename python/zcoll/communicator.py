@@ -196,14 +196,43 @@ class Communicator(_C.Comm):
         Inf in x raises FloatingPointError on every rank. For example, in a DDP hook::
 
             comm.allreduce(bucket.buffer(), op="avg", compression=q, key=str(bucket.index()))
+
+        compression="auto" (or a zcoll.AutoCompression): each key's method measured and chosen
+        over the first training steps, then guarded (zcoll.auto_compression), for a loop without
+        DDP: call every key once per step, in the same order on every rank (a step ends where a
+        key comes again); op "avg", float32. ``comm.auto_compression`` holds its decisions::
+
+            for name, p in model.named_parameters():
+                comm.allreduce(p.grad, op="avg", compression="auto", key=name, out=p.grad)
         """
         if out is None:
             out = new_like(x)
         if compression is not None:
-            _compressor(compression)._allreduce(self, x, out, op, algorithm, key)
+            self._compressor(compression)._allreduce(self, x, out, op, algorithm, key)
         else:
             self._allreduce(x, out, op, algorithm)
         return out
+
+    @property
+    def auto_compression(self) -> Any:
+        """The zcoll.AutoCompression that ``compression="auto"`` uses on this communicator (its
+        decisions, report(), state_dict()); None before the first such call."""
+        return getattr(self, "_auto_compression", None)
+
+    def _compressor(self, compression: Any) -> Any:
+        from .auto_compression import AutoCompression, resolve
+        from .compression import Compressor
+
+        if isinstance(compression, str) and compression == "auto":
+            if self.auto_compression is None:
+                self._auto_compression = resolve(compression)
+            return self._auto_compression
+        if not isinstance(compression, (Compressor, AutoCompression)):
+            raise TypeError(
+                "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
+                f'HalfPrecision), a zcoll.AutoCompression or "auto", got {compression!r}'
+            )
+        return compression
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """Reduces x over all ranks and returns this rank's block of the result (1-D).
@@ -267,18 +296,3 @@ class Communicator(_C.Comm):
         return out if on_root else None
 
 
-def _compressor(compression: Any) -> Any:
-    from .compression import Compressor
-
-    if isinstance(compression, str) and compression == "auto" or type(compression).__name__ == "AutoCompression":
-        raise ValueError(
-            'compression="auto" chooses per DDP bucket from measurements over training steps and the '
-            "backward pass it overlaps with; a single allreduce has neither: use it through the DDP hook "
-            '(zcoll.torch.apply_gradient_compression(ddp, "auto")), or pass a compressor here'
-        )
-    if not isinstance(compression, Compressor):
-        raise TypeError(
-            "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
-            f"HalfPrecision), got {type(compression).__name__}"
-        )
-    return compression
