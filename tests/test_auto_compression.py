@@ -523,6 +523,21 @@ def test_guard_overhead_bench_runs():
     assert "auto decided at step 4" in out and "the guard's own time" not in out, out
 
 
+def test_auto_calls_bench_runs():
+    """bench/auto_calls.py in short: a manual loop per configuration, auto decided within its
+    warm-up, the table printed (the figures are measurements, not judged here)."""
+    from mpi_util import ROOT, python_mpirun
+
+    bench = ROOT / "bench" / "auto_calls.py"
+    rc, out = run([sys.executable, str(bench), "--help"], timeout=60)
+    assert rc == 0 and "Horovod-style" in out, out
+    args = ("--model", "cnn", "--configs", "none,sign,auto", "--warmup", "50", "--rounds", "2", "--block", "3")
+    rc, out = python_mpirun(2, bench, *args, timeout=300)
+    assert rc == 0, out
+    assert "cnn, 2 ranks, 4 timed steps each" in out and "| auto |" in out and "| sign |" in out, out
+    assert "auto decided at step 4" in out, out
+
+
 def test_drift_re_decides_only_when_another_method_would_win():
     """A bucket on sign measured at twice its prediction still beats int8 and none over a
     1 Gbit/s link: no new trials; measured at 20x, int8 would win: re-decide."""

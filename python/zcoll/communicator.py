@@ -65,6 +65,21 @@ def new_like(x: Any, shape: Optional[tuple] = None) -> Any:
     return np.empty(xshape if shape is None else shape, dtype)
 
 
+_COMPRESSION_TYPES: tuple = ()
+
+
+def _compression_types() -> tuple:
+    """(Compressor, AutoCompression), imported once (an import inside a function costs ~3 us a
+    call; at module level it would be circular)."""
+    global _COMPRESSION_TYPES
+    if not _COMPRESSION_TYPES:
+        from .auto_compression import AutoCompression
+        from .compression import Compressor
+
+        _COMPRESSION_TYPES = (Compressor, AutoCompression)
+    return _COMPRESSION_TYPES
+
+
 class Communicator(_C.Comm):
     """zcoll's collectives over an MPI communicator.
 
@@ -220,14 +235,13 @@ class Communicator(_C.Comm):
         return getattr(self, "_auto_compression", None)
 
     def _compressor(self, compression: Any) -> Any:
-        from .auto_compression import AutoCompression, resolve
-        from .compression import Compressor
-
         if isinstance(compression, str) and compression == "auto":
             if self.auto_compression is None:
+                from .auto_compression import resolve
+
                 self._auto_compression = resolve(compression)
             return self._auto_compression
-        if not isinstance(compression, (Compressor, AutoCompression)):
+        if not isinstance(compression, _compression_types()):
             raise TypeError(
                 "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
                 f'HalfPrecision), a zcoll.AutoCompression or "auto", got {compression!r}'
