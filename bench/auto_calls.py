@@ -13,7 +13,7 @@ decision fall in them: it decides by step 49), then they take turns in blocks of
 for --rounds rounds, the order reversed every other round; the first step of a block is not
 counted; a step starts at a barrier and lasts as long as its slowest rank. Prints per
 configuration the median step, its ratio to the best fixed method and to uncompressed, the test
-accuracy after the run, and auto's decisions.
+accuracy after the run, and auto's decisions; with none-again, the A/A control's ratio.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def options(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mlp", choices=wl.MODELS)
     p.add_argument("--configs", default="none," + ",".join(FIXED) + ",auto",
-                   help="comma-separated: none, the fixed methods' names, auto (default: all)")
+                   help="comma-separated: none, the fixed methods' names, auto, none-again (a second "
+                   "uncompressed model: an A/A control) (default: all but none-again)")
     p.add_argument("--warmup", type=int, default=55, help="steps before the timed rounds (default 55)")
     p.add_argument("--rounds", type=int, default=8, help="rounds of blocks (default 8)")
     p.add_argument("--block", type=int, default=8, help="steps per block, the first not counted (default 8)")
@@ -57,8 +58,10 @@ class Run:
         self.model = wl.make_model(args.model, args.seed)
         self.opt = wl.make_optimizer("adam-fused", self.model, args.lr)
         self.batches = wl.Batches(data, args.batch, comm.rank, comm.size, args.seed)
-        self.compression = None if name == "none" else zcoll.AutoCompression() if name == "auto" else (
-            cm.make_compressor(name))
+        self.compression = (
+            None if name in ("none", "none-again") else zcoll.AutoCompression() if name == "auto" else
+            cm.make_compressor(name)
+        )
         self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.times: list = []
 
@@ -88,9 +91,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     comm = zcoll.Communicator()
     names = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in names if c not in ("none", "auto", *FIXED)]
+    unknown = [c for c in names if c not in ("none", "auto", "none-again", *FIXED)]
     if unknown:
-        raise SystemExit(f"unknown configurations {unknown}; known: none, {', '.join(FIXED)}, auto")
+        raise SystemExit(f"unknown configurations {unknown}; known: none, {', '.join(FIXED)}, auto, none-again")
     data = wl.load_digits(args.seed)
     runs = [Run(n, comm, data, args) for n in names]
     say = (lambda text: print(text, flush=True)) if comm.rank == 0 else (lambda text: None)
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
 
 def report(args, comm, runs, data) -> None:
     step = {r.name: statistics.median(r.times) for r in runs}
-    fixed = [n for n in step if n not in ("auto",)]
+    fixed = [n for n in step if n not in ("auto", "none-again")]
     best = min(fixed, key=step.get) if fixed else None
     print(f"\n{args.model}, {comm.size} ranks, {len(runs[0].times)} timed steps each (median step, slowest rank):")
     print("| config | step ms | vs best fixed | vs uncompressed | test accuracy |")
@@ -123,6 +126,8 @@ def report(args, comm, runs, data) -> None:
     if auto is not None:
         chosen = {k: p[-1] for k, p in auto.path.items()}
         print(f"auto decided at step {auto.decided_step}: {chosen}; best fixed: {best}")
+    if "none" in step and "none-again" in step:
+        print(f"A/A: none-again {step['none'] / step['none-again']:.2f}x of none")
 
 
 if __name__ == "__main__":

@@ -780,6 +780,7 @@ class AutoCompression:
         }
         per_bucket: Dict[str, List[float]] = {}  # key -> [measured, predicted] over the interval
         times: Dict[str, List[float]] = {}  # key -> its calls' times
+        by_pair: Dict[Tuple[str, str], List[float]] = {}  # (key, method) -> its calls' times
         measured = predicted = predicted_typical = trial_predicted = uncompressed = trial_none = 0.0
         for key, method, t in calls:
             p, p_typical, trial, none = predictions[(key, method)]
@@ -787,6 +788,7 @@ class AutoCompression:
             per[0] += t
             per[1] += p
             times.setdefault(key, []).append(t)
+            by_pair.setdefault((key, method), []).append(t)
             measured, predicted, trial_predicted = measured + t, predicted + p, trial_predicted + trial
             predicted_typical += p_typical
             uncompressed += none
@@ -794,9 +796,9 @@ class AutoCompression:
         # each bucket's median call times its calls: what a typical step took, robust to the odd
         # call a pause or a neighbour's burst stretched (the sum keeps those)
         typical = sum(float(np.median(t)) * len(t) for t in times.values())
-        for key, method in predictions:  # learned after predicting: for the next interval
-            learned = self._learned.setdefault((key, method), [])
-            learned += [t for k, m, t in calls if (k, m) == (key, method)]
+        for pair, seconds in by_pair.items():  # learned after predicting: for the next interval
+            learned = self._learned.setdefault(pair, [])
+            learned += seconds
             del learned[:-LEARNED_CALLS]
         if predicted <= 0:
             return
