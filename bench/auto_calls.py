@@ -38,9 +38,12 @@ FIXED = ("bf16", "int8", "int4", "top10%", "sign", "top1%")
 def options(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mlp", choices=wl.MODELS)
-    p.add_argument("--configs", default="none," + ",".join(FIXED) + ",auto",
-                   help="comma-separated: none, the fixed methods' names, auto, none-again (a second "
-                   "uncompressed model: an A/A control) (default: all but none-again)")
+    p.add_argument(
+        "--configs",
+        default="none," + ",".join(FIXED) + ",auto",
+        help="comma-separated: none, the fixed methods' names, auto, none-again (a second "
+        "uncompressed model: an A/A control) (default: all but none-again)",
+    )
     p.add_argument("--warmup", type=int, default=55, help="steps before the timed rounds (default 55)")
     p.add_argument("--rounds", type=int, default=8, help="rounds of blocks (default 8)")
     p.add_argument("--block", type=int, default=8, help="steps per block, the first not counted (default 8)")
@@ -59,8 +62,11 @@ class Run:
         self.opt = wl.make_optimizer("adam-fused", self.model, args.lr)
         self.batches = wl.Batches(data, args.batch, comm.rank, comm.size, args.seed)
         self.compression = (
-            None if name in ("none", "none-again") else zcoll.AutoCompression() if name == "auto" else
-            cm.make_compressor(name)
+            None
+            if name in ("none", "none-again")
+            else zcoll.AutoCompression()
+            if name == "auto"
+            else cm.make_compressor(name)
         )
         self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.times: list = []
@@ -93,7 +99,9 @@ def main(argv=None) -> int:
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in ("none", "auto", "none-again", *FIXED)]
     if unknown:
-        raise SystemExit(f"unknown configurations {unknown}; known: none, {', '.join(FIXED)}, auto, none-again")
+        raise SystemExit(
+            f"unknown configurations {unknown}; known: none, {', '.join(FIXED)}, auto, none-again"
+        )
     data = wl.load_digits(args.seed)
     runs = [Run(n, comm, data, args) for n in names]
     say = (lambda text: print(text, flush=True)) if comm.rank == 0 else (lambda text: None)
@@ -114,7 +122,10 @@ def report(args, comm, runs, data) -> None:
     step = {r.name: statistics.median(r.times) for r in runs}
     fixed = [n for n in step if n not in ("auto", "none-again")]
     best = min(fixed, key=step.get) if fixed else None
-    print(f"\n{args.model}, {comm.size} ranks, {len(runs[0].times)} timed steps each (median step, slowest rank):")
+    print(
+        f"\n{args.model}, {comm.size} ranks, {len(runs[0].times)} timed steps each "
+        "(median step, slowest rank):"
+    )
     print("| config | step ms | vs best fixed | vs uncompressed | test accuracy |")
     print("|---|---|---|---|---|")
     for r in runs:

@@ -46,7 +46,8 @@ def options(argv=None):
         "--compare",
         default="guard",
         choices=["guard", "auto-none"],
-        help="guard: the guard off against on (default); auto-none: plain zcoll against auto decided uncompressed",
+        help="guard: the guard off against on (default); "
+        "auto-none: plain zcoll against auto decided uncompressed",
     )
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
     p.add_argument("--method", default="sign", help="the compressed method (zcoll.compression_model's names)")
@@ -139,14 +140,18 @@ def report(args, first: Run, second: Run, guard_s: float, guard_cpu_s: float) ->
     print(
         f"{args.model}, {what}{dist.get_world_size()} ranks, {len(a)} + {len(b)} timed steps:\n"
         f"  {names[0]} {ma * 1e3:.2f} ms, {names[1]} {mb * 1e3:.2f} ms a step: overhead {mb / ma - 1:+.1%} "
-        f"(per-round ratios: median {statistics.median(ratios) - 1:+.1%}, quartiles {q1 - 1:+.1%} .. {q3 - 1:+.1%})"
+        f"(per-round ratios: median {statistics.median(ratios) - 1:+.1%}, "
+        f"quartiles {q1 - 1:+.1%} .. {q3 - 1:+.1%})"
     )
     if args.compare == "auto-none":
         auto = second.auto
-        print(f"  auto decided at step {auto.decided_step}; its bucket calls by method: {auto.calls_by_method}")
+        print(
+            f"  auto decided at step {auto.decided_step}; its bucket calls by method: {auto.calls_by_method}"
+        )
     else:
         print(
-            f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), wall time on the hook's worker; "
+            f"  the guard's own time: {own * 1e3:.3f} ms a step ({own / mb:.1%}), "
+            "wall time on the hook's worker; "
             f"its CPU time {cpu * 1e3:.3f} ms ({cpu / mb:.1%})"
         )
 

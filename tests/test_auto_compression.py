@@ -300,7 +300,10 @@ def test_driven_without_the_hook_through_every_method():
     decided bucket still averages (one rank: the average is the input)."""
     auto = zcoll.AutoCompression(check_every=2)
     rng = np.random.default_rng(5)
-    bufs = {"b0": rng.standard_normal(6007).astype(np.float32), "b1": rng.standard_normal(97).astype(np.float32)}
+    bufs = {
+        "b0": rng.standard_normal(6007).astype(np.float32),
+        "b1": rng.standard_normal(97).astype(np.float32),
+    }
     with zcoll.Communicator() as comm:
         step = 0
         while auto.decided_step is None:
@@ -519,7 +522,9 @@ def test_guard_overhead_bench_runs():
         2, bench, "--compare", "auto-none", "--blocks", "2", "--block", "3", "--model", "cnn", timeout=300
     )
     assert rc == 0, out
-    assert "cnn, 2 ranks, 4 + 4 timed steps" in out and "plain zcoll" in out and "auto (decided none)" in out, out
+    assert (
+        "cnn, 2 ranks, 4 + 4 timed steps" in out and "plain zcoll" in out and "auto (decided none)" in out
+    ), out
     assert "auto decided at step 4" in out and "the guard's own time" not in out, out
 
 
@@ -531,7 +536,18 @@ def test_auto_calls_bench_runs():
     bench = ROOT / "bench" / "auto_calls.py"
     rc, out = run([sys.executable, str(bench), "--help"], timeout=60)
     assert rc == 0 and "Horovod-style" in out, out
-    args = ("--model", "cnn", "--configs", "none,sign,auto", "--warmup", "50", "--rounds", "2", "--block", "3")
+    args = (
+        "--model",
+        "cnn",
+        "--configs",
+        "none,sign,auto",
+        "--warmup",
+        "50",
+        "--rounds",
+        "2",
+        "--block",
+        "3",
+    )
     rc, out = python_mpirun(2, bench, *args, timeout=300)
     assert rc == 0, out
     assert "cnn, 2 ranks, 4 timed steps each" in out and "| auto |" in out and "| sign |" in out, out

@@ -8,8 +8,9 @@ Used through the DDP hook (``zcoll.torch.apply_gradient_compression(ddp, "auto")
 bucket; a step ends where a key of the step comes again, see :meth:`AutoCompression._allreduce`).
 
 Everything below runs on the process group's ordered worker, in bucket order (or in the
-caller's order of keys), so every collective it adds is issued in the same order on every rank; every decision is made from
-allreduced numbers by deterministic code, so it is identical on every rank.
+caller's order of keys), so every collective it adds is issued in the same order on every
+rank; every decision is made from allreduced numbers by deterministic code, so it is identical
+on every rank.
 
 1. Calibrate (first bucket): uncompressed allreduces of 256 B, 1 MiB and 4 MiB and the kernel
    rates of every method (and of what the guard may escalate to); the slowest rank's numbers
@@ -436,14 +437,18 @@ class AutoCompression:
         if name != "avg":
             raise ValueError(f'compression="auto" averages: pass op="avg" (got {name!r})')
         if (algorithm if isinstance(algorithm, str) else getattr(algorithm, "name", "")) != "auto":
-            raise ValueError(f"compression='auto' chooses its own algorithms: leave algorithm='auto' (got {algorithm!r})")
+            raise ValueError(
+                f"compression='auto' chooses its own algorithms: leave algorithm='auto' (got {algorithm!r})"
+            )
         dtype, shape, _ = _C.describe(x, "x")
         if dtype != "float32":
             raise TypeError(f'compression="auto" takes float32 tensors, got {dtype} (key {key!r})')
         if out is not x:
             out_dtype, out_shape, _ = _C.describe(out, "out")
             if (out_dtype, tuple(out_shape)) != (dtype, tuple(shape)):
-                raise ValueError(f"out must match x: x is {dtype}{tuple(shape)}, out {out_dtype}{tuple(out_shape)}")
+                raise ValueError(
+                    f"out must match x: x is {dtype}{tuple(shape)}, out {out_dtype}{tuple(out_shape)}"
+                )
             xs, outs = _array(x), _array(out)
             if np.shares_memory(xs, outs):
                 raise ValueError("out overlaps x without being x: pass out=x (in place) or a separate buffer")

@@ -121,7 +121,12 @@ class Communicator(_C.Comm):
     """
 
     def __init__(
-        self, comm: Any = None, *, check: Optional[bool] = None, timeout: Optional[float] = None, topology: Any = None
+        self,
+        comm: Any = None,
+        *,
+        check: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        topology: Any = None,
     ):
         from mpi4py import MPI  # initialises MPI when it is not yet
 
@@ -162,7 +167,9 @@ class Communicator(_C.Comm):
         matrix = getattr(topology, "bandwidth", topology)
         bw = np.asarray(matrix, dtype=np.float64)
         if bw.shape != (self.size, self.size):
-            raise ValueError(f"topology: a ({self.size}, {self.size}) bandwidth matrix for {self.size} ranks, got shape {bw.shape}")
+            raise ValueError(
+                f"topology: a ({self.size}, {self.size}) bandwidth matrix for {self.size} ranks, got shape {bw.shape}"
+            )
         self._set_topology(bw.tolist())
 
     def free(self) -> None:
@@ -296,7 +303,9 @@ class Communicator(_C.Comm):
 
         if nodes is None and hasattr(self, "node_of"):
             nodes = [self.node_of(r) for r in range(self.size)]
-        if getattr(self, "_diagnoser", None) is None or (nodes is not None and self._diagnoser.nodes != list(nodes)):
+        if getattr(self, "_diagnoser", None) is None or (
+            nodes is not None and self._diagnoser.nodes != list(nodes)
+        ):
             self._diagnoser = Diagnoser(None if nodes is None else list(nodes), quiet=self.rank != 0)
         return self._diagnoser.update(self.link_stats(reset=reset))
 
@@ -308,5 +317,3 @@ class Communicator(_C.Comm):
             out = new_like(x)
         self._reduce(x, out, root, op)
         return out if on_root else None
-
-

@@ -72,10 +72,15 @@ def case_averages(ck: Checks):
     steps("auto", 55, on_result=on_result)
     auto = comm.auto_compression
     ck.check(isinstance(auto, zcoll.AutoCompression), "comm.auto_compression", f"{auto!r}")
-    ck.check(auto.decided_step is not None and auto.decided_step <= 50, "decided within 50 steps",
-             f"{auto.decided_step}")
+    ck.check(
+        auto.decided_step is not None and auto.decided_step <= 50,
+        "decided within 50 steps",
+        f"{auto.decided_step}",
+    )
     ck.check(sorted(auto.path) == sorted(SIZES), "every key decided", f"{auto.path}")
-    ck.check(set(auto.calls_by_method) == {"none", *auto.methods}, "every method tried", f"{auto.calls_by_method}")
+    ck.check(
+        set(auto.calls_by_method) == {"none", *auto.methods}, "every method tried", f"{auto.calls_by_method}"
+    )
     ck.same_on_all_ranks("methods", json.dumps(auto.path, sort_keys=True).encode())
     for key, n in SIZES.items():
         e = auto.residual(key)
@@ -83,7 +88,9 @@ def case_averages(ck: Checks):
         owed = comm.allreduce(mine, op="sum") / p
         scale = max(1.0, float(np.abs(exact[key]).max(initial=0.0)))
         err = float(np.abs(total[key] + owed - exact[key]).max(initial=0.0))
-        ck.check(err <= 1e-5 * scale, f"{key}: results + residuals = exact averages", f"{err} (scale {scale})")
+        ck.check(
+            err <= 1e-5 * scale, f"{key}: results + residuals = exact averages", f"{err} (scale {scale})"
+        )
 
 
 def case_escalates(ck: Checks):
@@ -110,10 +117,18 @@ def case_refusals(ck: Checks):
     ar = comm.allreduce
     ck.raises(ValueError, lambda: ar(x, op="avg", compression="auto"), "key=")
     ck.raises(ValueError, lambda: ar(x, op="sum", compression="auto", key="x"), 'op="avg"', "'sum'")
-    ck.raises(TypeError, lambda: ar(x.astype(np.float64), op="avg", compression="auto", key="x"), "float32", "float64")
+    ck.raises(
+        TypeError,
+        lambda: ar(x.astype(np.float64), op="avg", compression="auto", key="x"),
+        "float32",
+        "float64",
+    )
     ck.raises(ValueError, lambda: ar(x, op="avg", algorithm="ring", compression="auto", key="x"), "algorithm")
-    ck.raises(ValueError, lambda: ar(x, op="avg", compression="auto", key="x", out=np.zeros(9, np.float32)),
-              "out must match x")
+    ck.raises(
+        ValueError,
+        lambda: ar(x, op="avg", compression="auto", key="x", out=np.zeros(9, np.float32)),
+        "out must match x",
+    )
     ck.raises(ValueError, lambda: ar(x[:9], op="avg", compression="auto", key="x", out=x[1:]), "overlaps")
     ck.raises(TypeError, lambda: ar(x, op="avg", compression="fastest", key="x"), '"auto"', "'fastest'")
     ck.raises(TypeError, lambda: ar(x, op="avg", compression=3, key="x"), "AutoCompression")
@@ -130,8 +145,11 @@ def case_resumes(ck: Checks):
     ck.check(first.decided_step is not None, "decided", f"{first.decided_step}")
     second = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=5)
     second.load_state_dict(state)
-    ck.check(second._call_step == first._call_step + 1, "the step of the calls kept",
-             f"{second._call_step} vs {first._call_step}")
+    ck.check(
+        second._call_step == first._call_step + 1,
+        "the step of the calls kept",
+        f"{second._call_step} vs {first._call_step}",
+    )
     steps(second, 3, keys, first=second._call_step)
     ck.check(second.path == first.path, "the decisions kept", f"{second.path} vs {first.path}")
     ck.check(not events(second, "screen"), "no trials again", f"{events(second, 'screen')}")
