@@ -383,7 +383,9 @@ Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int
   ZCOLL_MPI_CHECK(MPI_Isend(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
   stats_.bytes_sent += bytes;
   stats_.messages_sent += 1;
-  return active_request(to_handle(r), peer);
+  Request request = active_request(to_handle(r), peer);
+  request.send = true;
+  return request;
 }
 
 Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
@@ -427,15 +429,17 @@ bool MpiCommunicator::test(Request& request) {
   return done != 0;
 }
 
-// MPI_Cancel, then MPI_Request_free: the cancellation completes in the background, and a
-// cancelled receive never writes into its buffer (for a send MPI only does its best).
+// A receive: MPI_Cancel, then MPI_Request_free; the cancellation completes in the background,
+// and a cancelled receive never writes into its buffer. A send is only freed (it completes or
+// not in the background; it only reads its buffer): cancelling sends is deprecated in MPI-4, and
+// MPICH over UCX crashes in ucp_request_cancel on a rendezvous send to a stopped peer.
 void MpiCommunicator::cancel(Request& request) noexcept {
   if (!request.active) return;
   request.active = false;
   if (comm_ == MPI_COMM_NULL) return;
   MPI_Request r = from_handle(request.handle);
   if (r == MPI_REQUEST_NULL) return;
-  MPI_Cancel(&r);
+  if (!request.send) MPI_Cancel(&r);
   MPI_Request_free(&r);
 }
 
