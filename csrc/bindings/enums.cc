@@ -12,10 +12,6 @@ namespace py = pybind11;
 namespace zcoll::bindings {
 namespace {
 
-constexpr const char* kCompressionNames[] = {"none", "fp16",    "bf16",     "quantize",
-                                             "topk", "randomk", "threshold"};
-constexpr int kNumCompressions = 7;
-
 // Interned Python strings for names[0..n), made once.
 template <int N>
 struct InternedNames {
@@ -53,12 +49,6 @@ E convert(py::handle h, const char* what, const char* enum_name, const char* val
 
 }  // namespace
 
-const char* compression_kind_name(Compression kind) {
-  const int i = static_cast<int>(kind);
-  ZCOLL_REQUIRE(i >= 0 && i < kNumCompressions, "unknown compression kind code ", i);
-  return kCompressionNames[i];
-}
-
 ReduceOp to_op(py::handle h) {
   return convert<ReduceOp, kNumReduceOps>(
       h, "op", "ReduceOp", "sum prod min max avg", [](int i) { return op_name(static_cast<ReduceOp>(i)); },
@@ -80,13 +70,7 @@ DType to_dtype(py::handle h) {
 Compression to_compression(py::handle h) {
   return convert<Compression, kNumCompressions>(
       h, "compression kind", "Compression", "none fp16 bf16 quantize topk randomk threshold",
-      [](int i) { return kCompressionNames[i]; },
-      [](const std::string& name) -> Compression {
-        for (int i = 0; i < kNumCompressions; ++i)
-          if (name == kCompressionNames[i]) return static_cast<Compression>(i);
-        throw std::invalid_argument("unknown compression kind '" + name +
-                                    "'; valid: none fp16 bf16 quantize topk randomk threshold");
-      });
+      [](int i) { return compression_kind_name(static_cast<Compression>(i)); }, parse_compression_kind);
 }
 
 void bind_enums(py::module_& m) {
@@ -101,7 +85,7 @@ void bind_enums(py::module_& m) {
   py::enum_<Compression> compression(m, "Compression",
                                      "Compressed wire formats (csrc/collectives/compression.h).");
   for (int i = 0; i < kNumCompressions; ++i)
-    compression.value(kCompressionNames[i], static_cast<Compression>(i));
+    compression.value(compression_kind_name(static_cast<Compression>(i)), static_cast<Compression>(i));
   m.def("dtype_size", [](py::handle d) { return dtype_size(to_dtype(d)); }, py::arg("dtype"));
 }
 

@@ -16,8 +16,6 @@ Algorithm to_algorithm(pybind11::handle h);
 Compression to_compression(pybind11::handle h);
 DType to_dtype(pybind11::handle h);
 
-const char* compression_kind_name(Compression kind);  // "none", "fp16", ..., "threshold"
-
 void bind_enums(pybind11::module_& m);
 
 }  // namespace zcoll::bindings

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
+#include "collectives/compression.h"
 #include "collectives/ring.h"
 #include "common/check.h"
 #include "common/env.h"
@@ -21,7 +22,6 @@ static_assert(sizeof(CallHeader) == kFields * sizeof(long long), "CallHeader is 
 constexpr const char* kFieldNames[kFields] = {"collective", "dtype", "op",          "count", "root",
                                               "algorithm",  "compression", "bits", "block", "ratio",
                                               "exact_topk", "ring order"};
-constexpr const char* kCompressionNames[] = {"none", "fp16", "bf16", "quantize", "topk", "randomk", "threshold"};
 constexpr const char* kCollectiveNames[] = {"allreduce", "reduce_scatter", "allgather",
                                             "broadcast", "reduce",         "compressed allreduce"};
 
@@ -35,9 +35,7 @@ std::string describe(int field, long long v) {
       case 1: return dtype_name(static_cast<DType>(v));
       case 2: return op_name(static_cast<ReduceOp>(v));
       case 5: return algorithm_name(static_cast<Algorithm>(v));
-      case 6:
-        if (v >= 0 && v < static_cast<long long>(std::size(kCompressionNames))) return kCompressionNames[v];
-        break;
+      case 6: return compression_kind_name(static_cast<Compression>(v));
       case 9: {
         double ratio;
         std::memcpy(&ratio, &v, sizeof ratio);

@@ -11,6 +11,10 @@
 
 namespace zcoll::detail {
 
+// Whether the compressed ring's codecs carry `kind` (fp16, bf16, quantize), so that the
+// hierarchical allreduce can carry it too (the kind table in allreduce_compressed.cc).
+bool compressed_by_ring(Compression kind);
+
 // A wire format for the compressed ring, applied to one segment: n elements starting at element
 // `begin` of the tensor, begin a multiple of granule(). `x` points at the segment's input
 // (input dtype), `e` at its residual (float32) or is null. `hop` numbers the quantizations

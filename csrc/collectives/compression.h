@@ -42,6 +42,12 @@ enum class Compression : int {
   kRandomK = 5,
   kThreshold = 6,
 };
+inline constexpr int kNumCompressions = 7;
+
+// The kind's name ("none", "fp16", "bf16", "quantize", "topk", "randomk", "threshold"; Python's
+// zcoll._C.Compression), and back; both throw std::invalid_argument for what names no kind.
+const char* compression_kind_name(Compression kind);
+Compression parse_compression_kind(const std::string& name);
 
 struct CompressionOptions {
   Compression kind = Compression::kNone;

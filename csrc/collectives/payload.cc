@@ -21,11 +21,8 @@
 namespace zcoll {
 namespace {
 
+using detail::compressed_by_ring;
 using detail::make_ring_codec;
-
-bool is_ring_codec(Compression kind) {
-  return kind == Compression::kQuantize || kind == Compression::kFp16 || kind == Compression::kBf16;
-}
 
 std::size_t count_nonfinite(const float* v, std::size_t m) {
   std::size_t bad = 0;
@@ -96,7 +93,7 @@ WirePayload encode_payload(const void* x, std::size_t count, DType dtype, const 
   ZCOLL_REQUIRE(count == 0 || x != nullptr, "encode_payload: null buffer");
   WirePayload p;
   p.kind = o.kind;
-  if (is_ring_codec(o.kind))
+  if (compressed_by_ring(o.kind))
     encode_ring(p, x, count, dtype, o);
   else if (o.kind == Compression::kTopK)
     encode_topk(p, x, count, dtype, o);
@@ -110,7 +107,7 @@ std::size_t decode_payload(const WirePayload& p, std::size_t count, DType dtype,
   validate(o, dtype, count);
   ZCOLL_REQUIRE(p.kind == o.kind, "decode_payload: a payload of another compression kind");
   if (count == 0) return 0;
-  if (is_ring_codec(o.kind)) {
+  if (compressed_by_ring(o.kind)) {
     std::vector<float> tmp(2 * count);
     auto codec = make_ring_codec(o, dtype, tmp.data(), count);
     ZCOLL_CHECK_EQ(p.bytes.size(), codec->payload_bytes(count), "payload size");
