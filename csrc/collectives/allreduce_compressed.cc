@@ -119,13 +119,16 @@ double bound_quantize(const CompressionOptions& o, int p, double A, double M) {
 }
 double bound_fp16(const CompressionOptions&, int p, double A, double M) {
   const double u = std::ldexp(1.0, -11);
-  return A * (std::pow(1.0 + u, p) - 1.0) + p * M * std::ldexp(1.0, -20) + std::ldexp(static_cast<double>(p), -25);
+  return A * (std::pow(1.0 + u, p) - 1.0) + p * M * std::ldexp(1.0, -20) +
+         std::ldexp(static_cast<double>(p), -25);
 }
 double bound_bf16(const CompressionOptions&, int p, double A, double M) {
   const double u = std::ldexp(1.0, -8);
   return A * (std::pow(1.0 + u, p) - 1.0) + p * M * std::ldexp(1.0, -20);
 }
-double bound_sparse(const CompressionOptions&, int p, double A, double M) { return A + p * M * std::ldexp(1.0, -23); }
+double bound_sparse(const CompressionOptions&, int p, double A, double M) {
+  return A + p * M * std::ldexp(1.0, -23);
+}
 
 std::string spec_none(const CompressionOptions&) { return "none"; }
 std::string spec_fp16(const CompressionOptions&) { return "fp16"; }
@@ -136,7 +139,9 @@ std::string spec_quantize(const CompressionOptions& o) {
   if (o.block != 256) n += ":" + std::to_string(o.block);
   return n;
 }
-std::string spec_topk(const CompressionOptions& o) { return (o.exact_topk ? "topk_exact:" : "topk:") + number_text(o.ratio); }
+std::string spec_topk(const CompressionOptions& o) {
+  return (o.exact_topk ? "topk_exact:" : "topk:") + number_text(o.ratio);
+}
 std::string spec_randomk(const CompressionOptions& o) { return "randomk:" + number_text(o.ratio); }
 std::string spec_threshold(const CompressionOptions& o) { return "threshold:" + number_text(o.threshold); }
 
@@ -148,8 +153,8 @@ bool hierarchical_codec(const Communicator& comm, const CompressionOptions& o) {
   return o.algorithm == Algorithm::kAuto && comm.node_count() > 1 && comm.ranks_per_node() > 1;
 }
 
-using Run = void (*)(Communicator&, const void* in, void* out, std::size_t count, DType, const CompressionOptions&,
-                     float* residual, CompressionStats&);
+using Run = void (*)(Communicator&, const void* in, void* out, std::size_t count, DType,
+                     const CompressionOptions&, float* residual, CompressionStats&);
 
 void run_ring(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
               const CompressionOptions& o, float* e, CompressionStats& stats) {
@@ -163,10 +168,10 @@ struct KindRow {
   Compression kind;
   const char* name;  // Python's Compression names, check mode's messages, the flight recorder
   bool ring_codec;   // carried by the compressed ring's codecs (codecs.cc), so also hierarchical
-  void (*validate)(const CompressionOptions&, std::size_t count);  // the kind's own options
-  void (*header)(const CompressionOptions&, detail::CallHeader&);  // the fields that shape payloads
+  void (*validate)(const CompressionOptions&, std::size_t count);         // the kind's own options
+  void (*header)(const CompressionOptions&, detail::CallHeader&);         // the fields that shape payloads
   double (*bound)(const CompressionOptions&, int p, double A, double M);  // compression_error_bound
-  std::string (*spec)(const CompressionOptions&);                  // compression_name
+  std::string (*spec)(const CompressionOptions&);                         // compression_name
   Run run;  // the algorithm (kNone: nullptr, the uncompressed allreduce() runs)
 };
 
@@ -174,13 +179,14 @@ constexpr KindRow kKinds[] = {
     {Compression::kNone, "none", false, validate_nothing, header_nothing, bound_none, spec_none, nullptr},
     {Compression::kFp16, "fp16", true, validate_nothing, header_nothing, bound_fp16, spec_fp16, run_ring},
     {Compression::kBf16, "bf16", true, validate_nothing, header_nothing, bound_bf16, spec_bf16, run_ring},
-    {Compression::kQuantize, "quantize", true, validate_quantize, header_quantize, bound_quantize, spec_quantize,
-     run_ring},
-    {Compression::kTopK, "topk", false, validate_ratio, header_topk, bound_sparse, spec_topk, detail::allreduce_topk},
+    {Compression::kQuantize, "quantize", true, validate_quantize, header_quantize, bound_quantize,
+     spec_quantize, run_ring},
+    {Compression::kTopK, "topk", false, validate_ratio, header_topk, bound_sparse, spec_topk,
+     detail::allreduce_topk},
     {Compression::kRandomK, "randomk", false, validate_ratio, header_ratio, bound_sparse, spec_randomk,
      detail::allreduce_sparse},
-    {Compression::kThreshold, "threshold", false, validate_threshold, header_nothing, bound_sparse, spec_threshold,
-     detail::allreduce_sparse},
+    {Compression::kThreshold, "threshold", false, validate_threshold, header_nothing, bound_sparse,
+     spec_threshold, detail::allreduce_sparse},
 };
 static_assert(std::size(kKinds) == kNumCompressions, "one row per Compression kind");
 
@@ -249,11 +255,13 @@ void validate(const CompressionOptions& o, DType dtype, std::size_t count) {
                 "compressed allreduce supports op 'sum' and 'avg', not '", op_name(o.op),
                 "' (compressed values can only be added: sum and avg)");
   const KindRow* r = find_row(o.kind);
-  ZCOLL_REQUIRE(o.kind == Compression::kNone || o.algorithm == Algorithm::kAuto ||
-                    (o.algorithm == Algorithm::kHierarchical && r && r->ring_codec),
-                "algorithm='", algorithm_name(o.algorithm), "' with compression: the compressor picks its own algorithm ",
-                "(compressed ring or sparse allgather); leave algorithm='auto' (or 'hierarchical' with fp16, bf16 ",
-                "or a quantizer: compression on the inter-node stage only)");
+  ZCOLL_REQUIRE(
+      o.kind == Compression::kNone || o.algorithm == Algorithm::kAuto ||
+          (o.algorithm == Algorithm::kHierarchical && r && r->ring_codec),
+      "algorithm='", algorithm_name(o.algorithm),
+      "' with compression: the compressor picks its own algorithm ",
+      "(compressed ring or sparse allgather); leave algorithm='auto' (or 'hierarchical' with fp16, bf16 ",
+      "or a quantizer: compression on the inter-node stage only)");
   row(o.kind).validate(o, count);
 }
 
