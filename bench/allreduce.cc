@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/compression.h"
 #include "collectives/options.h"
 #include "harness.h"
@@ -13,17 +14,25 @@
 namespace {
 using namespace zcoll;
 
-const std::vector<std::string> kAlgorithms = {"ring", "tree",         "recursive_doubling", "halving_doubling",
-                                              "shm",  "hierarchical", "ordered_ring",       "auto"};
-
-bool is_algorithm(const std::string& name) {
-  return name == "mpi" || std::find(kAlgorithms.begin(), kAlgorithms.end(), name) != kAlgorithms.end();
+// The -a names: the algorithm table's (algorithm_table.h), auto last; "mpi" is the harness's
+// own MPI_Allreduce row.
+std::vector<std::string> algorithms_of_table() {
+  std::vector<std::string> names;
+  for (int code = 0; code < num_allreduce_algorithms(); ++code) {
+    const auto algorithm = static_cast<Algorithm>(code);
+    if (algorithm != Algorithm::kAuto && algorithm != Algorithm::kMpi)
+      names.push_back(algorithm_name(algorithm));
+  }
+  names.push_back(algorithm_name(Algorithm::kAuto));
+  return names;
 }
 
+bool is_algorithm(const std::string& name) { return find_allreduce_algorithm(name) != nullptr; }
+
+// What this placement can run: the descriptor's needs (shm on one node, ordered_ring with links).
 bool available(MpiCommunicator& comm, const std::string& algo) {
-  if (algo == "shm") return comm.has_shared_arena();
-  if (algo == "ordered_ring") return comm.topology().known();
-  return true;
+  const AlgorithmDescriptor* d = find_allreduce_algorithm(algo);
+  return d != nullptr && offers_needs(comm, d->needs);
 }
 
 // A -z variant: a compression spec, optionally @ the algorithm that carries it ("int8@hierarchical").
@@ -127,9 +136,9 @@ bench::Accuracy accuracy(const std::string& variant, const void* result, std::si
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::CollectiveBench b{"allreduce",  true, false, kAlgorithms, [](int p) { return 2.0 * (p - 1) / p; },
-                           same,         same, same,  run,         fill_input,
-                           fill_expected};
+  bench::CollectiveBench b{"allreduce", true, false, algorithms_of_table(),
+                           [](int p) { return 2.0 * (p - 1) / p; },
+                           same, same, same, run, fill_input, fill_expected};
   b.check_variant = check_variant;
   b.accuracy = accuracy;
   b.available = available;

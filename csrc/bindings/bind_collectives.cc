@@ -22,12 +22,14 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
 #include "bindings/buffers.h"
 #include "bindings/enums.h"
 #include "bindings/fast_method.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/options.h"
 #include "common/check.h"
 
@@ -157,6 +159,43 @@ std::vector<double> time_allreduce(CommHandle& self, std::size_t n, py::handle d
   return seconds;
 }
 
+// zcoll._C.allreduce_algorithms(): the descriptor table (algorithm_table.h) as dicts, for tools
+// and docs. "cost" evaluates the algorithm's alpha-beta-gamma model (None: no model).
+py::list allreduce_algorithm_table() {
+  static const std::pair<Need, const char*> kNeedNames[] = {{kNeedsNativeAllreduce, "native_allreduce"},
+                                                            {kNeedsSharedMemory, "shared_memory"},
+                                                            {kNeedsTopology, "topology"}};
+  py::list out;
+  for (int code = 0; code < num_allreduce_algorithms(); ++code) {
+    const AlgorithmDescriptor& d = allreduce_algorithm(static_cast<Algorithm>(code));
+    py::list needs;
+    for (const auto& [need, name] : kNeedNames)
+      if (d.needs & need) needs.append(name);
+    py::dict row;
+    row["name"] = d.name;
+    row["code"] = code;
+    row["needs"] = py::tuple(needs);
+    row["topology_order"] = d.topology_order;
+    row["cost"] = py::none();
+    if (d.cost) {
+      const AllreduceCost cost = d.cost;
+      row["cost"] = py::cpp_function(
+          [cost](double nbytes, int ranks, double alpha, double beta, double gamma, int nodes,
+                 double segment_bytes) {
+            ZCOLL_REQUIRE(ranks >= 1 && nodes >= 1 && nodes <= ranks,
+                          "cost: ranks >= nodes >= 1, not ranks=", ranks, " nodes=", nodes);
+            return cost(CostQuery{nbytes, ranks, alpha, beta, gamma, nodes, segment_bytes});
+          },
+          py::arg("nbytes"), py::arg("ranks"), py::arg("alpha"), py::arg("beta"), py::arg("gamma"),
+          py::arg("nodes") = 1, py::arg("segment_bytes") = CostQuery{}.segment_bytes,
+          "Seconds the model of docs/algorithms.md predicts for nbytes per rank on `ranks` ranks (nodes: "
+          "the ranks as that many nodes of ranks/nodes each; segment_bytes: the pipeline's segment).");
+    }
+    out.append(row);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_collectives(py::module_& m, py::class_<CommHandle>& comm) {
@@ -201,11 +240,21 @@ void bind_collectives(py::module_& m, py::class_<CommHandle>& comm) {
       "choose_allreduce_algorithm",
       [](std::size_t bytes, int ranks, bool native_fast, bool shared_memory, bool oversubscribed,
          bool node_hierarchy, double ordered_ring_gain) {
-        return algorithm_name(choose_allreduce_algorithm(
-            bytes, ranks, Capabilities{native_fast, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain}));
+        // A gain above 1 exists only with measured links (Communicator.ring_gain is 1.0 without).
+        const bool topology = ordered_ring_gain > 1.0;
+        return algorithm_name(
+            choose_allreduce_algorithm(bytes, ranks,
+                                       Capabilities{native_fast, shared_memory, oversubscribed,
+                                                    node_hierarchy, ordered_ring_gain, topology}));
       },
       py::arg("nbytes"), py::arg("ranks"), py::arg("native_fast") = true, py::arg("shared_memory") = true,
-      py::arg("oversubscribed") = false, py::arg("node_hierarchy") = false, py::arg("ordered_ring_gain") = 1.0);
+      py::arg("oversubscribed") = false, py::arg("node_hierarchy") = false,
+      py::arg("ordered_ring_gain") = 1.0);
+  m.def(
+      "allreduce_algorithms", &allreduce_algorithm_table,
+      "The allreduce algorithms, one dict each in code order: name, code, needs (what the communicator must "
+      "offer), topology_order, cost (a function (nbytes, ranks, alpha, beta, gamma, nodes=1, "
+      "segment_bytes=131072) -> seconds, or None).");
   m.def("block_begin", &block_begin);
   m.def("block_count", &block_count);
 }

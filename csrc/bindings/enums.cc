@@ -4,7 +4,9 @@
 #include "bindings/enums.h"
 
 #include <string>
+#include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "common/check.h"
 
 namespace py = pybind11;
@@ -12,17 +14,17 @@ namespace py = pybind11;
 namespace zcoll::bindings {
 namespace {
 
-// Interned Python strings for names[0..n), made once.
-template <int N>
+// Interned Python strings for names[0..n), made once (the names known then: an allreduce
+// algorithm registered later is found by value, through the parser).
 struct InternedNames {
-  PyObject* names[N];
+  std::vector<PyObject*> names;
   template <typename NameOf>
-  explicit InternedNames(NameOf name_of) {
-    for (int i = 0; i < N; ++i) names[i] = PyUnicode_InternFromString(name_of(i));
+  InternedNames(int n, NameOf name_of) {
+    for (int i = 0; i < n; ++i) names.push_back(PyUnicode_InternFromString(name_of(i)));
   }
   int find(PyObject* s) const {
-    for (int i = 0; i < N; ++i)
-      if (names[i] == s) return i;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == s) return static_cast<int>(i);
     return -1;
   }
 };
@@ -34,10 +36,10 @@ std::string utf8(py::handle h) {
   return std::string(s, static_cast<std::size_t>(len));
 }
 
-template <typename E, int N, typename NameOf, typename Parse>
-E convert(py::handle h, const char* what, const char* enum_name, const char* valid, NameOf name_of,
-          Parse parse) {
-  static const InternedNames<N> names(name_of);
+template <typename E, typename Count, typename NameOf, typename Parse>
+E convert(py::handle h, const char* what, const char* enum_name, const char* valid, Count count,
+          NameOf name_of, Parse parse) {
+  static const InternedNames names(count(), name_of);
   if (PyUnicode_Check(h.ptr())) {
     const int i = names.find(h.ptr());
     return i >= 0 ? static_cast<E>(i) : parse(utf8(h));
@@ -50,26 +52,28 @@ E convert(py::handle h, const char* what, const char* enum_name, const char* val
 }  // namespace
 
 ReduceOp to_op(py::handle h) {
-  return convert<ReduceOp, kNumReduceOps>(
-      h, "op", "ReduceOp", "sum prod min max avg", [](int i) { return op_name(static_cast<ReduceOp>(i)); },
-      parse_op);
+  return convert<ReduceOp>(
+      h, "op", "ReduceOp", "sum prod min max avg", [] { return kNumReduceOps; },
+      [](int i) { return op_name(static_cast<ReduceOp>(i)); }, parse_op);
 }
 
 Algorithm to_algorithm(py::handle h) {
-  return convert<Algorithm, kNumAlgorithms>(
-      h, "algorithm", "Algorithm", "auto ring tree recursive_doubling halving_doubling mpi shm hierarchical ordered_ring",
+  static const std::string valid = allreduce_algorithm_names();
+  return convert<Algorithm>(
+      h, "algorithm", "Algorithm", valid.c_str(), num_allreduce_algorithms,
       [](int i) { return algorithm_name(static_cast<Algorithm>(i)); }, parse_algorithm);
 }
 
 DType to_dtype(py::handle h) {
-  return convert<DType, kNumDTypes>(
+  return convert<DType>(
       h, "dtype", "DType", "float32 float64 float16 bfloat16 int8 uint8 int32 int64",
-      [](int i) { return dtype_name(static_cast<DType>(i)); }, parse_dtype);
+      [] { return kNumDTypes; }, [](int i) { return dtype_name(static_cast<DType>(i)); }, parse_dtype);
 }
 
 Compression to_compression(py::handle h) {
-  return convert<Compression, kNumCompressions>(
+  return convert<Compression>(
       h, "compression kind", "Compression", "none fp16 bf16 quantize topk randomk threshold",
+      [] { return kNumCompressions; },
       [](int i) { return compression_kind_name(static_cast<Compression>(i)); }, parse_compression_kind);
 }
 
@@ -80,7 +84,7 @@ void bind_enums(py::module_& m) {
   for (int i = 0; i < kNumReduceOps; ++i)
     op.value(op_name(static_cast<ReduceOp>(i)), static_cast<ReduceOp>(i));
   py::enum_<Algorithm> algorithm(m, "Algorithm", "Allreduce algorithms (csrc/collectives/options.h).");
-  for (int i = 0; i < kNumAlgorithms; ++i)
+  for (int i = 0; i < num_allreduce_algorithms(); ++i)
     algorithm.value(algorithm_name(static_cast<Algorithm>(i)), static_cast<Algorithm>(i));
   py::enum_<Compression> compression(m, "Compression",
                                      "Compressed wire formats (csrc/collectives/compression.h).");

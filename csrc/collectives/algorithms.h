@@ -4,25 +4,33 @@
 #include <cstddef>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/options.h"
 
 namespace zcoll {
 
-// order: the ring order (Topology::ring; order[k] sends to order[k+1]); null: rank order.
-void allreduce_ring(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
-                    const PipelineOptions&, const std::vector<int>* order = nullptr);
+// Allreduce: each file's entry point (the uniform AllreduceEntry) and its cost (AllreduceCost,
+// the formula of docs/algorithms.md), listed in the descriptor table (algorithm_table.cc).
+// The ring; around args.order when set (ordered_ring).
+void allreduce_ring(Communicator&, const AllreduceArgs&);
+double allreduce_ring_cost(const CostQuery&);
+void allreduce_tree(Communicator&, const AllreduceArgs&);
+double allreduce_tree_cost(const CostQuery&);
+void allreduce_recursive_doubling(Communicator&, const AllreduceArgs&);
+double allreduce_recursive_doubling_cost(const CostQuery&);
+void allreduce_halving_doubling(Communicator&, const AllreduceArgs&);
+double allreduce_halving_doubling_cost(const CostQuery&);
+// The transport's own allreduce (MPI_Allreduce), for side-by-side comparison; no cost model.
+void allreduce_mpi(Communicator&, const AllreduceArgs&);
+// Through the transport's shared memory (every rank on one node); args.pipeline is not used.
+void allreduce_shm(Communicator&, const AllreduceArgs&);
+double allreduce_shm_cost(const CostQuery&);
 // Node-local reduce-scatter, inter-node ring allreduce of each shard, node-local allgather
 // (allreduce_hierarchical.cc). On nodes of different sizes, the ranks beyond the smallest node's
 // size fold into the others first (hierarchy.h).
-void allreduce_hierarchical(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
-                            const PipelineOptions&);
-void allreduce_tree(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
-                    const PipelineOptions&);
-void allreduce_recursive_doubling(Communicator&, const void* in, void* out, std::size_t count, DType,
-                                  ReduceOp, const PipelineOptions&);
-void allreduce_halving_doubling(Communicator&, const void* in, void* out, std::size_t count, DType,
-                                ReduceOp, const PipelineOptions&);
-void allreduce_shm(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp);
+void allreduce_hierarchical(Communicator&, const AllreduceArgs&);
+double allreduce_hierarchical_cost(const CostQuery&);
+
 void reduce_scatter_ring(Communicator&, const void* in, void* out, std::size_t count, DType, ReduceOp,
                          const PipelineOptions&);
 void allgather_ring(Communicator&, const void* in, void* out, std::size_t count, DType,

@@ -10,10 +10,11 @@
 //             ranges straight into `out`;
 //          4. fold_out.
 //          Every block is reduced once by its owner and then copied: bitwise identical results.
-// Cost:    2 log2(p) alpha + 2(p-1)/p S beta + (p-1)/p S gamma (+ 2 alpha + 2 S beta if p is
-//          not a power of two).
+// Cost:    2 log2 p' alpha + 2(p'-1)/p' S beta + (p'-1)/p' S gamma, p' the largest power of two
+//          <= p, + the fold (2 alpha + 2 S beta + S gamma) when p is not a power of two.
 #include <vector>
 
+#include "collectives/algorithms.h"
 #include "collectives/fold.h"
 #include "collectives/pipeline.h"
 #include "kernels/reduce.h"
@@ -139,19 +140,25 @@ class Doubling : public detail::ScheduleBase {
 
 }  // namespace
 
-void allreduce_halving_doubling(Communicator& comm, const void* in, void* out, std::size_t count,
-                                DType dtype, ReduceOp op, const PipelineOptions& pipeline) {
+void allreduce_halving_doubling(Communicator& comm, const AllreduceArgs& a) {
   const detail::Fold fold = detail::make_fold(comm.rank(), comm.size());
-  const bool data_in_out = detail::fold_in(comm, fold, in, out, count, dtype, op, pipeline);
+  const bool data_in_out = detail::fold_in(comm, fold, a.in, a.out, a.count, a.dtype, a.op, a.pipeline);
   if (fold.vrank >= 0) {
-    const std::size_t es = dtype_size(dtype);
-    const std::vector<Step> steps = plan_steps(fold, count, es, pipeline);
-    Halving halving(steps, in, out, data_in_out, dtype, op, comm.size());
-    detail::run_pipeline(comm, halving, pipeline, detail::kTagHalving);
-    Doubling doubling(steps, out, es);
-    detail::run_pipeline(comm, doubling, pipeline, detail::kTagDoubling);
+    const std::size_t es = dtype_size(a.dtype);
+    const std::vector<Step> steps = plan_steps(fold, a.count, es, a.pipeline);
+    Halving halving(steps, a.in, a.out, data_in_out, a.dtype, a.op, comm.size());
+    detail::run_pipeline(comm, halving, a.pipeline, detail::kTagHalving);
+    Doubling doubling(steps, a.out, es);
+    detail::run_pipeline(comm, doubling, a.pipeline, detail::kTagDoubling);
   }
-  detail::fold_out(comm, fold, out, count, dtype, pipeline);
+  detail::fold_out(comm, fold, a.out, a.count, a.dtype, a.pipeline);
+}
+
+double allreduce_halving_doubling_cost(const CostQuery& q) {
+  const int k = detail::log2_floor(q.ranks);
+  const double pp = 1 << k, S = q.bytes;
+  return 2 * k * q.alpha + 2 * (pp - 1) / pp * S * q.beta + (pp - 1) / pp * S * q.gamma +
+         detail::fold_cost(q);
 }
 
 }  // namespace zcoll

@@ -35,6 +35,8 @@
 //          node-local 2(L-1) alpha_node + 2(L-1)/L S beta_node; (L-1)/L S + (N-1)/(N L) S
 //          reduced per rank. Pipelined, the time is about the slower of the two stages plus one
 //          block of the other: 2(p-1) messages' latency at most, against 2(p-1) for the ring.
+//          The table's model (allreduce_hierarchical_cost: one alpha, beta and gamma for both
+//          levels, L = p / N) adds the two stages, an upper bound.
 #include <cstring>
 #include <memory>
 
@@ -411,10 +413,15 @@ std::size_t allreduce_hierarchical_compressed(Communicator& comm, const void* in
 
 }  // namespace detail
 
-void allreduce_hierarchical(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
-                            ReduceOp op, const PipelineOptions& pipeline) {
+void allreduce_hierarchical(Communicator& comm, const AllreduceArgs& a) {
   // One node: its shared memory when the transport offers it (the node-local stages alone).
-  if (comm.node_count() == 1 && comm.has_shared_arena()) return allreduce_shm(comm, in, out, count, dtype, op);
+  if (comm.node_count() == 1 && comm.has_shared_arena()) return allreduce_shm(comm, a);
+  const void* in = a.in;
+  void* out = a.out;
+  const std::size_t count = a.count;
+  const DType dtype = a.dtype;
+  const ReduceOp op = a.op;
+  const PipelineOptions& pipeline = a.pipeline;
   const detail::NodeGrid grid(comm);
   if (!grid.equal()) {
     detail::FoldExtras fold_in(grid, in, out, count, dtype, op, /*gather=*/true, pipeline);
@@ -432,6 +439,12 @@ void allreduce_hierarchical(Communicator& comm, const void* in, void* out, std::
     detail::FoldExtras fold_out(grid, in, out, count, dtype, op, /*gather=*/false, pipeline);
     detail::run_pipeline(comm, fold_out, pipeline, detail::kTagHierarchical);
   }
+}
+
+double allreduce_hierarchical_cost(const CostQuery& q) {
+  const double N = q.nodes, L = q.ranks / q.nodes, S = q.bytes;
+  const double local = 2 * (L - 1) * q.alpha + 2 * (L - 1) / L * S * q.beta + (L - 1) / L * S * q.gamma;
+  return local + 2 * (N - 1) * q.alpha + 2 * (N - 1) / N * S / L * q.beta + (N - 1) / N * S / L * q.gamma;
 }
 
 }  // namespace zcoll

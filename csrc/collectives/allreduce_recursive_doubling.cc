@@ -8,8 +8,9 @@
 //          3. fold_out.
 //          Segments are pipelined across steps (segment j of step k+1 needs only segment j of
 //          step k).
-// Cost:    log2(p) alpha + log2(p) S beta + log2(p) S gamma (+ 2 alpha + 2 S beta if p is not
-//          a power of two).
+// Cost:    log2 p' (alpha + S beta + S gamma), p' the largest power of two <= p, + the fold
+//          (2 alpha + 2 S beta + S gamma) when p is not a power of two.
+#include "collectives/algorithms.h"
 #include "collectives/fold.h"
 #include "collectives/pipeline.h"
 #include "kernels/reduce.h"
@@ -75,15 +76,20 @@ class RecursiveDoubling : public detail::ScheduleBase {
 
 }  // namespace
 
-void allreduce_recursive_doubling(Communicator& comm, const void* in, void* out, std::size_t count,
-                                  DType dtype, ReduceOp op, const PipelineOptions& pipeline) {
+void allreduce_recursive_doubling(Communicator& comm, const AllreduceArgs& a) {
   const detail::Fold fold = detail::make_fold(comm.rank(), comm.size());
-  const bool data_in_out = detail::fold_in(comm, fold, in, out, count, dtype, op, pipeline);
+  const bool data_in_out = detail::fold_in(comm, fold, a.in, a.out, a.count, a.dtype, a.op, a.pipeline);
   if (fold.vrank >= 0) {
-    RecursiveDoubling schedule(fold, in, out, data_in_out, count, dtype, op, comm.size(), pipeline);
-    detail::run_pipeline(comm, schedule, pipeline, detail::kTagRecursiveDoubling);
+    RecursiveDoubling schedule(fold, a.in, a.out, data_in_out, a.count, a.dtype, a.op, comm.size(),
+                               a.pipeline);
+    detail::run_pipeline(comm, schedule, a.pipeline, detail::kTagRecursiveDoubling);
   }
-  detail::fold_out(comm, fold, out, count, dtype, pipeline);
+  detail::fold_out(comm, fold, a.out, a.count, a.dtype, a.pipeline);
+}
+
+double allreduce_recursive_doubling_cost(const CostQuery& q) {
+  return detail::log2_floor(q.ranks) * (q.alpha + q.bytes * q.beta + q.bytes * q.gamma) +
+         detail::fold_cost(q);
 }
 
 }  // namespace zcoll

@@ -68,10 +68,15 @@ class RingAllreduce : public detail::ScheduleBase {
 
 }  // namespace
 
-void allreduce_ring(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
-                    ReduceOp op, const PipelineOptions& pipeline, const std::vector<int>* order) {
-  RingAllreduce schedule(detail::RingPlace::of(comm, order), in, out, count, dtype, op, pipeline);
-  detail::run_pipeline(comm, schedule, pipeline, detail::kTagRingReduceScatter);
+void allreduce_ring(Communicator& comm, const AllreduceArgs& a) {
+  RingAllreduce schedule(detail::RingPlace::of(comm, a.order), a.in, a.out, a.count, a.dtype, a.op,
+                         a.pipeline);
+  detail::run_pipeline(comm, schedule, a.pipeline, detail::kTagRingReduceScatter);
+}
+
+double allreduce_ring_cost(const CostQuery& q) {
+  const double p = q.ranks, S = q.bytes;
+  return 2 * (p - 1) * q.alpha + 2 * (p - 1) / p * S * q.beta + (p - 1) / p * S * q.gamma;
 }
 
 }  // namespace zcoll

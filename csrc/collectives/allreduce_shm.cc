@@ -21,9 +21,11 @@
 // Small messages (up to kDirectBytes) skip a synchronisation: every rank stages its whole
 // input, then every rank reduces the whole buffer from all staging areas in rank order
 // (identical inputs and order, so identical bits), straight into `out`.
-// Cost:    3 flag synchronisations per block (2 for small messages); per rank (p-1)/p S copied in, S read and S/p
-//          written by the reduction, S copied out: about 2 S of memory traffic beyond the
-//          reduction itself, against about 4 S for a ring over MPI messages.
+// Cost:    3 flag synchronisations per block (2 for small messages); per rank (p-1)/p S copied
+//          in, S read and S/p written by the reduction, S copied out: about 2 S of memory traffic
+//          beyond the reduction itself, against about 4 S for a ring over MPI messages. As a model, with
+//          alpha a flag synchronisation and beta a byte copied through memory:
+//          3 alpha + 2 S beta + (p-1)/p S gamma.
 #include <cstring>
 
 #include "collectives/algorithms.h"
@@ -59,82 +61,112 @@ struct Layout {
   }
 };
 
-}  // namespace
-
-void allreduce_shm(Communicator& comm, const void* in, void* out, std::size_t count, DType dtype,
-                   ReduceOp op) {
-  SharedArena* arena = comm.shared_arena();
-  ZCOLL_REQUIRE(arena != nullptr, "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
-  const int p = comm.size(), me = comm.rank();
-  const std::size_t es = dtype_size(dtype);
-  const Layout layout(arena->region_bytes, es, p);
-  ZCOLL_CHECK_LE(std::size_t{16}, layout.block_elems, "shared arena too small (ZCOLL_SHM_BYTES)");
-  const auto* src = static_cast<const unsigned char*>(in);
-  auto* dst = static_cast<unsigned char*>(out);
+// One call's view of the arena: the block loop's two kinds of iteration.
+struct ShmCall {
+  SharedArena& arena;
+  const Layout& layout;
+  const unsigned char* src;
+  unsigned char* dst;
+  DType dtype;
+  ReduceOp op;
+  int p, me;
+  std::size_t es;
   // Traffic counter: the bytes other ranks read from this rank's region (staged sub-blocks,
   // then this rank's results), 2(p-1)/p S like a ring; (p-1) S for a one-shot block.
-  std::uint64_t& bytes_sent = comm.stats().bytes_sent;
-  comm.recorder().mark_in_progress();
+  std::uint64_t& bytes_sent;
 
-  for (std::size_t begin = 0; begin < count; begin += layout.block_elems) {
-    const detail::Range block{begin, std::min(layout.block_elems, count - begin)};
-    const std::uint64_t s = ++arena->sequence;
-    const int pair = static_cast<int>(s % 2);
+  // Every rank stages the whole block and reduces all of it, in rank order, into `out`.
+  void direct(const detail::Range& block, std::uint64_t s, int pair) {
+    unsigned char* staging = layout.staging(arena, me, pair);
+    bytes_sent += static_cast<std::uint64_t>(p - 1) * block.count * es;
+    std::memcpy(staging, src + block.begin * es, block.count * es);
+    arena.publish(me, kStaged, s);
+    arena.wait_all(kStaged, s);
+    if (s > 2) arena.wait_all(kGathered, s - 2);  // the result buffers are not used here
+    unsigned char* target = dst + block.begin * es;
+    kernels::reduce(target, layout.staging(arena, 0, pair), layout.staging(arena, 1, pair), block.count,
+                    dtype, op);
+    for (int r = 2; r < p; ++r)
+      kernels::reduce(target, target, layout.staging(arena, r, pair), block.count, dtype, op);
+    if (op == ReduceOp::kAvg) kernels::divide(target, block.count, dtype, p);
+    arena.publish(me, kReduced, s);
+    arena.publish(me, kGathered, s);
+  }
+
+  // Phases 1-3 of the file's comment.
+  void staged(const detail::Range& block, std::uint64_t s, int pair) {
     auto sub = [&](int r) { return detail::split(detail::Range{0, block.count}, p, r); };
-
-    if (s > 2) arena->wait_all(kReduced, s - 2);
-    unsigned char* staging = layout.staging(*arena, me, pair);
-    if (block.count * es <= kDirectBytes) {
-      bytes_sent += static_cast<std::uint64_t>(p - 1) * block.count * es;
-      std::memcpy(staging, src + block.begin * es, block.count * es);
-      arena->publish(me, kStaged, s);
-      arena->wait_all(kStaged, s);
-      if (s > 2) arena->wait_all(kGathered, s - 2);  // the result buffers are not used here
-      unsigned char* target = dst + block.begin * es;
-      kernels::reduce(target, layout.staging(*arena, 0, pair), layout.staging(*arena, 1, pair), block.count,
-                      dtype, op);
-      for (int r = 2; r < p; ++r)
-        kernels::reduce(target, target, layout.staging(*arena, r, pair), block.count, dtype, op);
-      if (op == ReduceOp::kAvg) kernels::divide(target, block.count, dtype, p);
-      arena->publish(me, kReduced, s);
-      arena->publish(me, kGathered, s);
-      continue;
-    }
-
+    unsigned char* staging = layout.staging(arena, me, pair);
     bytes_sent += 2 * static_cast<std::uint64_t>(p - 1) * block.count * es / p;
-
     // 1. stage (my own sub-block stays in `in`: only I read it)
     for (int r = 0; r < p; ++r) {
       if (r == me) continue;
       const detail::Range q = sub(r);
       std::memcpy(staging + q.begin * es, src + (block.begin + q.begin) * es, q.count * es);
     }
-    arena->publish(me, kStaged, s);
-
+    arena.publish(me, kStaged, s);
     // 2. reduce my sub-block over all ranks, in rank order
-    arena->wait_all(kStaged, s);
-    if (s > 2) arena->wait_all(kGathered, s - 2);
+    arena.wait_all(kStaged, s);
+    if (s > 2) arena.wait_all(kGathered, s - 2);
     const detail::Range mine = sub(me);
-    unsigned char* result = layout.result(*arena, me, pair);
+    unsigned char* result = layout.result(arena, me, pair);
     auto contribution = [&](int r) -> const unsigned char* {
       return r == me ? src + (block.begin + mine.begin) * es
-                     : layout.staging(*arena, r, pair) + mine.begin * es;
+                     : layout.staging(arena, r, pair) + mine.begin * es;
     };
     if (mine.count) {
       kernels::reduce(result, contribution(0), contribution(1), mine.count, dtype, op);
       for (int r = 2; r < p; ++r) kernels::reduce(result, result, contribution(r), mine.count, dtype, op);
       if (op == ReduceOp::kAvg) kernels::divide(result, mine.count, dtype, p);
     }
-    arena->publish(me, kReduced, s);
-
+    arena.publish(me, kReduced, s);
     // 3. gather every rank's result
-    arena->wait_all(kReduced, s);
+    arena.wait_all(kReduced, s);
     for (int r = 0; r < p; ++r) {
       const detail::Range q = sub(r);
-      std::memcpy(dst + (block.begin + q.begin) * es, layout.result(*arena, r, pair), q.count * es);
+      std::memcpy(dst + (block.begin + q.begin) * es, layout.result(arena, r, pair), q.count * es);
     }
-    arena->publish(me, kGathered, s);
+    arena.publish(me, kGathered, s);
   }
+};
+
+}  // namespace
+
+void allreduce_shm(Communicator& comm, const AllreduceArgs& a) {
+  SharedArena* arena = comm.shared_arena();
+  ZCOLL_REQUIRE(
+      arena != nullptr,
+      "algorithm 'shm' needs every rank on one node and ZCOLL_SHM unset or 1; use 'ring' or 'auto'");
+  const int p = comm.size();
+  const std::size_t es = dtype_size(a.dtype);
+  const Layout layout(arena->region_bytes, es, p);
+  ZCOLL_CHECK_LE(std::size_t{16}, layout.block_elems, "shared arena too small (ZCOLL_SHM_BYTES)");
+  ShmCall call{*arena,
+               layout,
+               static_cast<const unsigned char*>(a.in),
+               static_cast<unsigned char*>(a.out),
+               a.dtype,
+               a.op,
+               p,
+               comm.rank(),
+               es,
+               comm.stats().bytes_sent};
+  comm.recorder().mark_in_progress();
+  for (std::size_t begin = 0; begin < a.count; begin += layout.block_elems) {
+    const detail::Range block{begin, std::min(layout.block_elems, a.count - begin)};
+    const std::uint64_t s = ++arena->sequence;
+    const int pair = static_cast<int>(s % 2);
+    if (s > 2) arena->wait_all(kReduced, s - 2);
+    if (block.count * es <= kDirectBytes)
+      call.direct(block, s, pair);
+    else
+      call.staged(block, s, pair);
+  }
+}
+
+double allreduce_shm_cost(const CostQuery& q) {
+  const double p = q.ranks, S = q.bytes;
+  return 3 * q.alpha + 2 * S * q.beta + (p - 1) / p * S * q.gamma;
 }
 
 }  // namespace zcoll

@@ -133,7 +133,7 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
   stats.pairs = total;
 
   if (o.kind == Compression::kRandomK) {  // 3a. same indices everywhere: sum the values
-    if (p > 1) allreduce_ring(comm, sel_val, sel_val, s.m, DType::kFloat32, o.op, o.pipeline);
+    if (p > 1) allreduce_ring(comm, {sel_val, sel_val, s.m, DType::kFloat32, o.op, o.pipeline});
     std::memset(y, 0, n * sizeof(float));
     kernels::scatter_add(y, n, sel_idx, sel_val, s.m);
   } else if (2 * total > n) {  // 3c. dense
@@ -142,7 +142,7 @@ void allreduce_sparse(Communicator& comm, const void* in, void* out, std::size_t
       std::memset(y, 0, n * sizeof(float));
       kernels::scatter_add(y, n, sel_idx, sel_val, s.m);
     }
-    if (p > 1) allreduce_ring(comm, y, y, n, DType::kFloat32, o.op, o.pipeline);
+    if (p > 1) allreduce_ring(comm, {y, y, n, DType::kFloat32, o.op, o.pipeline});
   } else {  // 3b. sparse
     auto* pairs = static_cast<unsigned char*>(comm.scratch(8 * total, Scratch::kPairs));
     std::memcpy(pairs + offset[rank], sel_idx, 4 * s.m);

@@ -151,7 +151,7 @@ void dense_fallback(Communicator& comm, TopkExchange& x, const TopkLayout& L, vo
   const long long mine = static_cast<long long>(bad[rank]);
   allgather(comm, &mine, all.data(), 1, DType::kInt64, CollectiveOptions{0, o.pipeline, false});
   for (int r = 0; r < p; ++r) bad[r] = static_cast<std::size_t>(all[r]);
-  if (p > 1) allreduce_ring(comm, y, y, count, DType::kFloat32, o.op, o.pipeline);  // divides for avg
+  if (p > 1) allreduce_ring(comm, {y, y, count, DType::kFloat32, o.op, o.pipeline});  // divides for avg
   if (dtype != DType::kFloat32) kernels::cast(y, DType::kFloat32, out, dtype, count);
 }
 

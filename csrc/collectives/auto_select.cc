@@ -20,9 +20,14 @@
 //    least kOrderedRingGain times faster than rank order's: `ordered_ring` (a ring's time is its
 //    slowest hop's; below that gain, measurement noise may be all the difference).
 // 6. The ring.
+// A rule applies only where the communicator offers what its algorithm needs: those needs are
+// the algorithm's descriptor's (algorithm_table.h: shm needs shared memory, mpi a native
+// allreduce, which auto counts only when not oversubscribed, ordered_ring measured links); the
+// rules add only their own conditions (sizes, equal nodes, the ring's gain).
 #include <cstddef>
 #include <limits>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/options.h"
 
 namespace zcoll {
@@ -31,8 +36,6 @@ namespace {
 struct Rule {
   int max_ranks;
   std::size_t max_bytes;
-  bool needs_native_fast;
-  bool needs_shared_memory;
   bool needs_node_hierarchy;
   double min_ordered_ring_gain;  // 0: no condition
   Algorithm algorithm;
@@ -43,25 +46,27 @@ constexpr int kAnyRanks = std::numeric_limits<int>::max();
 constexpr double kOrderedRingGain = 1.25;
 
 constexpr Rule kRules[] = {
-    {kAnyRanks, kAny, false, true, false, 0.0, Algorithm::kShm},
-    {kAnyRanks, 64 * 1024, true, false, false, 0.0, Algorithm::kMpi},
-    {kAnyRanks, 32 * 1024, false, false, false, 0.0, Algorithm::kRecursiveDoubling},
-    {kAnyRanks, kAny, false, false, true, 0.0, Algorithm::kHierarchical},
-    {kAnyRanks, kAny, false, false, false, kOrderedRingGain, Algorithm::kOrderedRing},
-    {kAnyRanks, kAny, false, false, false, 0.0, Algorithm::kRing},
+    {kAnyRanks, kAny, false, 0.0, Algorithm::kShm},
+    {kAnyRanks, 64 * 1024, false, 0.0, Algorithm::kMpi},
+    {kAnyRanks, 32 * 1024, false, 0.0, Algorithm::kRecursiveDoubling},
+    {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical},
+    {kAnyRanks, kAny, false, kOrderedRingGain, Algorithm::kOrderedRing},
+    {kAnyRanks, kAny, false, 0.0, Algorithm::kRing},
 };
 
-bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities& caps) {
-  return ranks <= rule.max_ranks && bytes <= rule.max_bytes && (caps.native_fast || !rule.needs_native_fast) &&
-         (caps.shared_memory || !rule.needs_shared_memory) && (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
+bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities& caps, unsigned offered) {
+  const unsigned needs = allreduce_algorithm(rule.algorithm).needs;
+  return ranks <= rule.max_ranks && bytes <= rule.max_bytes && (needs & ~offered) == 0 &&
+         (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
          caps.ordered_ring_gain >= rule.min_ordered_ring_gain;
 }
 
 }  // namespace
 
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps) {
+  const unsigned offered = offered_needs(caps);
   for (const Rule& rule : kRules)
-    if (matches(rule, bytes, ranks, caps)) return rule.algorithm;
+    if (matches(rule, bytes, ranks, caps, offered)) return rule.algorithm;
   return Algorithm::kRing;
 }
 

@@ -1,5 +1,5 @@
-// Entry points of the non-allreduce collectives (validate, one-rank shortcut, dispatch), the
-// algorithm names and the reduce_scatter block layout.
+// Entry points of the non-allreduce collectives (validate, one-rank shortcut, dispatch) and the
+// reduce_scatter block layout. (The allreduce algorithms' names: algorithm_table.cc.)
 #include <cstdlib>
 #include <cstring>
 
@@ -11,9 +11,6 @@
 
 namespace zcoll {
 namespace {
-
-constexpr const char* kAlgorithmNames[kNumAlgorithms] = {
-    "auto", "ring", "tree", "recursive_doubling", "halving_doubling", "mpi", "shm", "hierarchical", "ordered_ring"};
 
 void maybe_check(Communicator& comm, bool requested, detail::Collective collective, DType dtype, ReduceOp op,
                  std::size_t count, int root) {
@@ -38,19 +35,6 @@ std::size_t default_segment_bytes() {
 }
 
 int default_pipeline_depth() { return static_cast<int>(env::get_int(env::Var::kPipelineDepth)); }
-
-const char* algorithm_name(Algorithm algorithm) {
-  const int i = static_cast<int>(algorithm);
-  ZCOLL_REQUIRE(i >= 0 && i < kNumAlgorithms, "unknown algorithm code ", i);
-  return kAlgorithmNames[i];
-}
-
-Algorithm parse_algorithm(const std::string& name) {
-  for (int i = 0; i < kNumAlgorithms; ++i)
-    if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
-  throw std::invalid_argument("unknown algorithm '" + name +
-                              "'; valid: auto ring tree recursive_doubling halving_doubling mpi shm hierarchical ordered_ring");
-}
 
 std::size_t block_count(std::size_t count, int parts, int index) {
   const std::size_t p = static_cast<std::size_t>(parts);

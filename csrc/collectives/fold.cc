@@ -97,4 +97,9 @@ void fold_out(Communicator& comm, const Fold& fold, void* out, std::size_t count
   run_pipeline(comm, schedule, pipeline, kTagFoldOut);
 }
 
+double fold_cost(const CostQuery& q) {
+  if (q.ranks == (1 << log2_floor(q.ranks))) return 0.0;
+  return 2 * q.alpha + 2 * q.bytes * q.beta + q.bytes * q.gamma;
+}
+
 }  // namespace zcoll::detail

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/options.h"
 #include "comm/communicator.h"
 
@@ -25,6 +26,16 @@ struct Fold {
 };
 
 Fold make_fold(int rank, int p);
+
+// log2 of the largest power of two <= p (p >= 1).
+inline int log2_floor(int p) {
+  int k = 0;
+  while ((2 << k) <= p) ++k;
+  return k;
+}
+// What the fold adds to an algorithm's cost: 2 alpha + 2 S beta + S gamma when p is not a power
+// of two (the partner's input in, its reduction, the result back), else 0.
+double fold_cost(const CostQuery& q);
 
 // Returns true when this rank's data now lives in `out` (it received a partner's input).
 bool fold_in(Communicator& comm, const Fold& fold, const void* in, void* out, std::size_t count,

@@ -9,6 +9,8 @@
 
 namespace zcoll {
 
+// The allreduce algorithms with a name in code (auto's rules, the compressed path); their codes
+// index the descriptor table (algorithm_table.h), which may hold more, registered at run time.
 enum class Algorithm : int {
   kAuto = 0,
   kRing = 1,
@@ -20,10 +22,11 @@ enum class Algorithm : int {
   kHierarchical = 7,  // node-local reduce-scatter, inter-node ring per shard, node-local allgather
   kOrderedRing = 8,   // the ring in the order the communicator's Topology chose (measured links)
 };
-inline constexpr int kNumAlgorithms = 9;
 
+// The descriptor table's name for a code, and back (algorithm_table.cc); both throw
+// std::invalid_argument for what names no algorithm (parse_algorithm listing the valid names).
 const char* algorithm_name(Algorithm algorithm);
-Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argument listing names
+Algorithm parse_algorithm(const std::string& name);
 
 // Pipelining knobs shared by all algorithms. Messages never exceed max_segment_bytes, so a
 // transfer of one segment overlaps the reduction of the previous one; tests set it small to
@@ -87,7 +90,6 @@ void barrier(Communicator& comm);
 std::size_t block_begin(std::size_t count, int parts, int index);
 std::size_t block_count(std::size_t count, int parts, int index);
 
-// The choice `auto` makes for a message of `bytes` on `ranks` ranks (table in auto_select.cc).
 // What the communicator offers beyond point-to-point, for `auto`.
 struct Capabilities {
   bool native_fast = false;  // the transport's own allreduce, not crippled by oversubscription
@@ -95,7 +97,9 @@ struct Capabilities {
   bool oversubscribed = false;
   bool node_hierarchy = false;  // several nodes, each with the same number (> 1) of ranks
   double ordered_ring_gain = 1.0;  // Topology::ring_gain: how much faster the ordered ring's slowest hop is
+  bool topology = false;           // measured links (Topology::known())
 };
+// The choice `auto` makes for a message of `bytes` on `ranks` ranks (rules in auto_select.cc).
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);
 
 }  // namespace zcoll

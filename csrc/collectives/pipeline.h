@@ -85,6 +85,9 @@ enum Tag : int {
   kTagCompressedRing,           // compressed ring payloads
   kTagHierarchical,             // the hierarchical allreduce (both lanes) and its node sums
   kTagClock,                    // link_stats' clock-offset ping-pong (link_stats.cc)
+  // Algorithms registered at run time (register_allreduce_algorithm, algorithm_table.h) take
+  // tags from here up, so they never match a built-in's messages.
+  kTagUser = 1000,
 };
 
 // Up to two peers per unit: what a binary tree needs (two children); every other schedule uses one.

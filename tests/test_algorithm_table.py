@@ -1,0 +1,172 @@
+"""The allreduce algorithm table (csrc/collectives/algorithm_table.cc, zcoll._C.allreduce_algorithms())
+against everything that names its algorithms: Python's names (zcoll.ALGORITHMS), the benchmark's
+`-a` list (zcoll_allreduce_perf --help), and docs/algorithms.md, whose section per algorithm opens
+with a `Cost:` formula that must agree with the table's cost function. No mpirun needed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import zcoll
+from mpi_util import BIN_DIR, ROOT, run
+from zcoll import _C
+
+DOCS = ROOT / "docs" / "algorithms.md"
+TABLE = _C.allreduce_algorithms()
+NAMES = [row["name"] for row in TABLE]
+SEGMENT = 128 * 1024  # the cost functions' default segment_bytes (ZCOLL_SEGMENT_BYTES' default)
+
+
+def allreduce_sections() -> dict:
+    """name -> text of each `### name` section under `## Allreduce` in docs/algorithms.md."""
+    text = DOCS.read_text()
+    part = text.split("\n## Allreduce\n", 1)[1].split("\n## ", 1)[0]
+    chunks = re.split(r"^### (.+)$", part, flags=re.MULTILINE)
+    return {chunks[i].strip().strip("`"): chunks[i + 1] for i in range(1, len(chunks), 2)}
+
+
+SECTIONS = allreduce_sections()
+
+# A formula as docs/algorithms.md writes it: products by juxtaposition ("2(p-1)/p S beta"),
+# `log2 X` applying to the atom X, p' the largest power of two <= p. Left-to-right * and /, as
+# the C++ cost functions compute.
+_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([A-Za-z_][A-Za-z_0-9]*'?)|([-+/*()]))")
+
+
+def to_python(formula: str) -> str:
+    out, pos, operand_before = [], 0, False
+    tokens = []
+    while pos < len(formula.rstrip()):
+        m = _TOKEN.match(formula, pos)
+        assert m, f"cannot read {formula[pos:]!r} in {formula!r}"
+        tokens.append(m.groups())
+        pos = m.end()
+    i = 0
+    while i < len(tokens):
+        number, name, op = tokens[i]
+        starts_operand = number is not None or name is not None or op == "("
+        if starts_operand and operand_before:
+            out.append("*")
+        if name == "log2":
+            i += 1
+            arg_number, arg_name, _ = tokens[i]
+            assert arg_number or arg_name, f"log2 takes a name or number in {formula!r}"
+            out.append(f"log2({(arg_name or arg_number).replace(chr(39), '_prime')})")
+            operand_before = True
+        elif number is not None or name is not None:
+            out.append((name or number).replace("'", "_prime"))
+            operand_before = True
+        else:
+            out.append(op)
+            operand_before = op == ")"
+        i += 1
+    return " ".join(out)
+
+
+def evaluate(formula: str, variables: dict) -> float:
+    return eval(to_python(formula), {"__builtins__": {}, "log2": math.log2}, dict(variables))
+
+
+def cost_line(name: str) -> str:
+    m = re.search(r"^Cost: (.*)$", SECTIONS[name], flags=re.MULTILINE)
+    assert m, f"docs/algorithms.md: the section of {name!r} has no 'Cost:' line"
+    return m.group(1)
+
+
+def fold_formula() -> str:
+    m = re.search(r"fold = `([^`]*)` when p is not a power of two", DOCS.read_text())
+    assert m, "docs/algorithms.md: the definition of fold is missing"
+    return m.group(1)
+
+
+def variables(nbytes: float, p: int, nodes: int, alpha: float, beta: float, gamma: float) -> dict:
+    pp = 2 ** math.floor(math.log2(p))
+    v = {
+        "p": p,
+        "p_prime": pp,
+        "S": nbytes,
+        "N": nodes,
+        "L": p / nodes,
+        "seg": min(nbytes, SEGMENT),
+        "nseg": max(1, math.ceil(nbytes / SEGMENT)),
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": gamma,
+    }
+    v["fold"] = 0.0 if pp == p else evaluate(fold_formula(), v)
+    return v
+
+
+def test_table_lists_the_builtins_in_code_order():
+    assert NAMES[:9] == list(_C.Algorithm.__members__)[:9]
+    assert [row["code"] for row in TABLE] == list(range(len(TABLE)))
+    assert len(set(NAMES)) == len(NAMES)
+    needs = {row["name"]: row["needs"] for row in TABLE}
+    assert needs["mpi"] == ("native_allreduce",) and needs["shm"] == ("shared_memory",)
+    assert needs["ordered_ring"] == ("topology",) and needs["ring"] == ()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_python_accepts_the_name(name):
+    assert name in zcoll.ALGORITHMS
+    assert getattr(_C.Algorithm, name).name == name
+
+
+def test_python_names_nothing_else():
+    assert sorted(zcoll.ALGORITHMS) == sorted(NAMES)
+
+
+def test_benchmark_lists_every_algorithm():
+    rc, out = run([str(BIN_DIR / "zcoll_allreduce_perf"), "--help"])
+    assert rc == 0, out
+    listed = re.search(r"-a ALGOS\s+comma-separated algorithms: (.*?), or all", out, flags=re.DOTALL)
+    assert listed, out
+    names = [n.strip() for n in listed.group(1).split(",")]
+    assert sorted(names) == sorted(NAMES), out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_docs_have_a_section(name):
+    assert name in SECTIONS, f"docs/algorithms.md has no '### {name}' section under '## Allreduce'"
+    line = cost_line(name)
+    row = TABLE[NAMES.index(name)]
+    if row["cost"] is None:
+        assert line.startswith("none"), f"{name}: no cost function, but the docs give {line!r}"
+    else:
+        assert line.startswith("`") and line.count("`") == 2, f"{name}: a formula in backquotes, not {line!r}"
+
+
+POINTS = [  # (bytes, ranks, nodes)
+    (4096, 2, 1),
+    (4096, 3, 1),
+    (1 << 20, 4, 1),
+    (3_000_000, 6, 1),
+    (3_000_000, 8, 1),
+    (1 << 24, 5, 1),
+    (1 << 20, 4, 2),
+    (3_000_000, 8, 2),
+    (3_000_000, 8, 4),
+]
+
+
+@pytest.mark.parametrize("name", [row["name"] for row in TABLE if row["cost"] is not None])
+def test_cost_function_agrees_with_the_docs(name):
+    formula = cost_line(name).strip("`")
+    cost = TABLE[NAMES.index(name)]["cost"]
+    for nbytes, p, nodes in POINTS:
+        if nodes > 1 and name != "hierarchical":
+            continue
+        alpha, beta, gamma = 2e-6, 1e-9, 3e-10
+        want = evaluate(formula, variables(nbytes, p, nodes, alpha, beta, gamma))
+        got = cost(nbytes, p, alpha, beta, gamma, nodes=nodes)
+        assert got == pytest.approx(want, rel=1e-12), (name, nbytes, p, nodes, formula, to_python(formula))
+
+
+def test_the_formula_reader():
+    assert to_python("2(p-1)/p S beta") == "2 * ( p - 1 ) / p * S * beta"
+    assert to_python("log2 p' (alpha + S beta)") == "log2(p_prime) * ( alpha + S * beta )"
+    v = variables(1000, 6, 1, 1.0, 1.0, 1.0)
+    assert evaluate("2 log2 p' alpha + fold", v) == 2 * 2 + (2 + 2000 + 1000)
