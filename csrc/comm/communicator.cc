@@ -1,3 +1,5 @@
+// The engine-side communicator (communicator.h): the transport's capabilities read once, the
+// components it composes, and the node map.
 #include "comm/communicator.h"
 
 #include <algorithm>
@@ -10,26 +12,36 @@
 
 namespace zcoll {
 
-Communicator::Communicator()
-    : watchdog_(*this),
+Communicator::Communicator(std::unique_ptr<Transport> transport)
+    : transport_(std::move(transport)),
+      monitor_(transport_->monitor()),
+      native_(transport_->native_allreduce()),
+      shared_memory_(transport_->shared_memory()),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      watchdog_(*this),
       recorder_(static_cast<std::size_t>(env::get_int(env::Var::kFlightRecorder))),
       telemetry_(env::get_bool(env::Var::kTelemetry)) {
+  transport_->attach(watchdog_);
   watchdog_.on_failure = [this](const std::string& what) { return dump_communicator(*this, what); };
 }
 
 // Unregistered first: a dump running on another thread never sees a communicator being torn down.
 Communicator::~Communicator() { detail::unregister_for_dumps(this); }
 
-void Communicator::set_identity(const std::string& id, int rank, int size) {
+void Communicator::set_identity(const std::string& id) {
   id_ = id;
-  id_rank_ = rank;
-  id_size_ = size;
-  telemetry_.resize(size);
+  id_rank_ = rank_;
+  id_size_ = size_;
+  telemetry_.resize(size_);
   detail::register_for_dumps(this);
 }
 
-void Communicator::native_allreduce(const void*, void*, std::size_t, DType, ReduceOp) {
-  throw std::invalid_argument("algorithm 'mpi' needs an MPI communicator");
+void Communicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
+  if (!native_) throw std::invalid_argument("algorithm 'mpi' needs an MPI communicator");
+  native_->allreduce(in, out, count, dtype, op);
+  // What a ring would send, so that "mpi" rows compare with the others'.
+  stats_.bytes_sent += 2 * count * dtype_size(dtype) * static_cast<std::size_t>(size_ - 1) / size_;
 }
 
 void* Communicator::scratch(std::size_t bytes, Scratch purpose) {

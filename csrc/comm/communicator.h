@@ -1,10 +1,14 @@
-// The transport interface every algorithm is written against (Gloo's transport/ split): ranks,
-// non-blocking point-to-point and a reusable scratch buffer. MPI is one implementation
-// (mpi_communicator.h); a shared-memory or GPU transport can be added without touching the
-// algorithms.
+// The engine-side communicator every algorithm is written against: a transport (comm/
+// transport.h: rank, size, non-blocking point-to-point, the peer monitor and optional
+// capabilities) composed with what the engine keeps per communicator: the watchdog (deadlines,
+// lost ranks), the flight recorder, link telemetry, which ranks share a node, the topology, the
+// scratch areas and the traffic counters. MPI (mpi_communicator.h) and the in-process test
+// transport (inproc_communicator.h) differ only in the transport they hand this class; nothing
+// here assumes either.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,21 +16,11 @@
 #include "comm/shared_arena.h"
 #include "comm/telemetry.h"
 #include "comm/topology.h"
+#include "comm/transport.h"
 #include "comm/watchdog.h"
 #include "common/dtype.h"
 
 namespace zcoll {
-
-// An in-flight send or receive. The transport owns the meaning of `handle` and sets `peer`, the
-// rank on the other end (what a wait that fails names); the engine's Channel sets `bytes` and
-// `send` for its records.
-struct Request {
-  std::uint64_t handle = 0;
-  std::uint64_t bytes = 0;
-  int peer = -1;
-  bool active = false;
-  bool send = false;
-};
 
 // The communicator's reusable scratch areas, one per purpose, so that an algorithm calling
 // another (top-k's dense fallback runs a ring) never overwrites what its caller keeps.
@@ -53,41 +47,42 @@ struct CommStats {
 
 class Communicator {
  public:
-  Communicator();
+  // Takes the transport, attaches the watchdog to it and reads its capabilities. A transport's
+  // own communicator class (MpiCommunicator, InProcCommunicator) then sets what its transport
+  // found out: nodes, topology, oversubscription, identity.
+  explicit Communicator(std::unique_ptr<Transport> transport);
   virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
-  // Messages between one pair of ranks with one tag arrive in the order they were sent.
-  virtual Request isend(const void* buf, std::size_t bytes, int peer, int tag) = 0;
-  virtual Request irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
-  virtual void wait(Request& request) = 0;
-  // True when the request has completed (it is then inactive, as after wait); false while it is
-  // in flight. Also lets a transport without its own progress thread move messages along, so an
-  // algorithm that computes between messages calls it now and then.
-  virtual bool test(Request& request) = 0;
-  // Abandons an in-flight request after a failure (the engine does, for every request of a
-  // collective that throws): a receive never writes into its buffer afterwards; a send may or
-  // may not be delivered, and is never matched by a later receive of this transport's peer
-  // when the transport can prevent it. The request becomes inactive. Never throws.
-  virtual void cancel(Request& request) noexcept = 0;
+  // The transport's point-to-point (comm/transport.h); sends are counted in stats().
+  Request isend(const void* buf, std::size_t bytes, int peer, int tag) {
+    Request request = transport_->isend(buf, bytes, peer, tag);
+    stats_.bytes_sent += bytes;
+    stats_.messages_sent += 1;
+    return request;
+  }
+  Request irecv(void* buf, std::size_t bytes, int peer, int tag) {
+    return transport_->irecv(buf, bytes, peer, tag);
+  }
+  void wait(Request& request) { transport_->wait(request); }
+  bool test(Request& request) { return transport_->test(request); }
+  void cancel(Request& request) noexcept { transport_->cancel(request); }
 
   // The transport's own allreduce (MPI_Allreduce for MPI), offered as algorithm "mpi" so that
-  // users and benchmarks can compare side by side. Transports without one throw.
-  virtual void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
-                                ReduceOp op);
-  virtual bool has_native_allreduce() const { return false; }
+  // users and benchmarks can compare side by side; std::invalid_argument without one.
+  void native_allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op);
+  bool has_native_allreduce() const { return native_ != nullptr; }
   // More ranks than cores on a node: waits yield, and busy-polling libraries collapse.
-  virtual bool oversubscribed() const { return false; }
+  bool oversubscribed() const { return oversubscribed_; }
 
-  // Shared memory across all ranks, when they all live on one node (else nullptr). The first
-  // call allocates it and is collective: every rank must call it (algorithms that use it are
-  // chosen identically on every rank).
-  virtual bool has_shared_arena() const { return false; }
-  virtual SharedArena* shared_arena() { return nullptr; }
+  // Shared memory across all ranks, when the transport offers it and they all live on one node
+  // (else nullptr). The first call allocates it and is collective (SharedMemory).
+  bool has_shared_arena() const { return shared_memory_ != nullptr && node_count_ == 1; }
+  SharedArena* shared_arena() { return has_shared_arena() ? shared_memory_->arena() : nullptr; }
 
   // Which ranks share a node (memory, and so the shm path): node_of(r) is in 0..node_count()-1,
   // nodes numbered in the order of their lowest rank, the same answer on every rank. The
@@ -106,21 +101,11 @@ class Communicator {
   // same one: check mode compares the ring's fingerprint.
   const Topology& topology() const { return topology_; }
   void set_topology(Topology topology);
-  // Failure detection, for the watchdog (comm/watchdog.h). Every wait of the transport calls
-  // watchdog().poll(peer) between unsuccessful polls (or check() when it wakes up).
-  //   peer_alive:        false once the peer's process is known to be gone;
-  //   describe_peer:     what is known about the peer's process, for messages ("" if nothing);
-  //   announce:          `status` to every other rank, without blocking, on a channel of its own;
-  //   next_announcement: one announcement received from another rank, if any;
-  //   transport_check:   throws when the transport itself has failed (an aborted group).
-  virtual bool peer_alive(int peer) = 0;
-  virtual std::string describe_peer(int) { return ""; }
-  virtual void announce(const PeerStatus& status) = 0;
-  virtual bool next_announcement(PeerStatus& status) = 0;
-  virtual void transport_check() {}
-  // True when the peer reads the same CLOCK_MONOTONIC as this rank (one machine): link
-  // telemetry then compares their times directly; otherwise it measures the offset first.
-  virtual bool shares_clock(int) const { return true; }
+
+  // Failure detection: the transport's view of its peers (comm/transport.h), which the
+  // watchdog reads; every wait of the transport polls the watchdog (comm/watchdog.h).
+  PeerMonitor& monitor() { return monitor_; }
+  bool shares_clock(int peer) const { return monitor_.shares_clock(peer); }
   Watchdog& watchdog() { return watchdog_; }
   const Watchdog& watchdog() const { return watchdog_; }
   FlightRecorder& recorder() { return recorder_; }
@@ -137,19 +122,27 @@ class Communicator {
 
   CommStats& stats() { return stats_; }
 
+  Transport& transport() { return *transport_; }
+
  protected:
   // Sets node_of() from any labels, one per rank (equal label: same node); renumbers them.
   void set_nodes(const std::vector<int>& labels);
-  // The transport's constructor, once rank and size are known: the id every rank agreed on.
-  // Registers the communicator for zcoll.dump() and SIGUSR1 (comm/dump.h).
-  void set_identity(const std::string& id, int rank, int size);
+  void set_oversubscribed(bool oversubscribed) { oversubscribed_ = oversubscribed; }
+  // Once rank and size are known: the id every rank agreed on. Registers the communicator for
+  // zcoll.dump() and SIGUSR1 (comm/dump.h).
+  void set_identity(const std::string& id);
 
+ private:
+  std::unique_ptr<Transport> transport_;
+  PeerMonitor& monitor_;
+  NativeAllreduce* native_;      // the transport's, or null
+  SharedMemory* shared_memory_;  // the transport's, or null
+  int rank_, size_;
+  bool oversubscribed_ = false;
   CommStats stats_;
   Watchdog watchdog_;
   FlightRecorder recorder_;
   LinkTelemetry telemetry_;
-
- private:
   std::vector<unsigned char> scratch_[static_cast<int>(Scratch::kCount)];
   std::vector<int> node_of_;  // empty: one node
   int node_count_ = 1;

@@ -84,21 +84,18 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-// ---- InProcCommunicator ---------------------------------------------------------------------
+// ---- InProcTransport -----------------------------------------------------------------------
 
-InProcCommunicator::InProcCommunicator(InProcGroup& group, int rank) : group_(group), rank_(rank) {
-  watchdog_.set_timeout(group.options().timeout_seconds);
-  set_identity(concat("inproc-", group.id()), rank, group.size());
-}
-InProcCommunicator::~InProcCommunicator() = default;
+InProcTransport::InProcTransport(InProcGroup& group, int rank) : group_(group), rank_(rank) {}
+InProcTransport::~InProcTransport() = default;
 
-int InProcCommunicator::size() const { return group_.size(); }
+int InProcTransport::size() const { return group_.size(); }
 
-bool InProcCommunicator::oversubscribed() const { return group_.size() > group_.cpus(); }
+bool InProcTransport::oversubscribed() const { return group_.size() > group_.cpus(); }
 
-bool InProcCommunicator::has_shared_arena() const { return group_.options().shared_arena && node_count() == 1; }
+SharedMemory* InProcTransport::shared_memory() { return group_.options().shared_arena ? this : nullptr; }
 
-Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int peer, int tag) {
+Request InProcTransport::post(bool is_send, void* buf, std::size_t bytes, int peer, int tag) {
   ZCOLL_REQUIRE(peer >= 0 && peer < size(), "peer ", peer, " out of range for ", size(), " ranks");
   ZCOLL_REQUIRE(bytes == 0 || buf != nullptr, "null buffer for ", bytes, " bytes");
   // Owned by this rank until completed; entered before it is queued (nothing can fail after).
@@ -136,25 +133,22 @@ Request InProcCommunicator::post(bool is_send, void* buf, std::size_t bytes, int
   return request;
 }
 
-Request InProcCommunicator::isend(const void* buf, std::size_t bytes, int peer, int tag) {
-  Request r = post(true, const_cast<void*>(buf), bytes, peer, tag);
-  stats_.bytes_sent += bytes;
-  stats_.messages_sent += 1;
-  return r;
+Request InProcTransport::isend(const void* buf, std::size_t bytes, int peer, int tag) {
+  return post(true, const_cast<void*>(buf), bytes, peer, tag);
 }
 
-Request InProcCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
+Request InProcTransport::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   return post(false, buf, bytes, peer, tag);
 }
 
-InProcCommunicator::Op& InProcCommunicator::find(const Request& request) {
+InProcTransport::Op& InProcTransport::find(const Request& request) {
   auto it = ops_.find(request.handle);
   ZCOLL_CHECK_EQ(it != ops_.end(), true, "in-process transport: request ", request.handle,
                  " is not an active request of rank ", rank_);
   return *it->second;
 }
 
-void InProcCommunicator::finish(Request& request) {
+void InProcTransport::finish(Request& request) {
   auto it = ops_.find(request.handle);
   const std::string error = it->second->error;
   ops_.erase(it);
@@ -163,13 +157,13 @@ void InProcCommunicator::finish(Request& request) {
   if (!error.empty()) throw Error(error);
 }
 
-void InProcCommunicator::set_waiting(const Op* op, bool in_arena) {
+void InProcTransport::set_waiting(const Op* op, bool in_arena) {
   std::lock_guard<std::mutex> lock(waiting_mu_);
   waiting_ = op;
   waiting_in_arena_ = in_arena;
 }
 
-void InProcCommunicator::wait(Request& request) {
+void InProcTransport::wait(Request& request) {
   if (!request.active) return;
   Op& op = find(request);
   InProcMailbox& box = group_.mailbox(op.dst);
@@ -179,14 +173,14 @@ void InProcCommunicator::wait(Request& request) {
       {
         std::unique_lock<std::mutex> lock(box.mu);
         auto ready = [&] { return op.done || group_.aborted(); };
-        if (watchdog_.enabled())
-          box.cv.wait_for(lock, std::chrono::nanoseconds(watchdog_.check_interval_ns()), ready);
+        if (watchdog().enabled())
+          box.cv.wait_for(lock, std::chrono::nanoseconds(watchdog().check_interval_ns()), ready);
         else
           box.cv.wait(lock, ready);
         if (op.done && !group_.aborted()) break;
       }
-      transport_check();
-      watchdog_.check(request.peer);  // the deadline, lost ranks, announcements
+      check();
+      watchdog().check(request.peer);  // the deadline, lost ranks, announcements
     }
   } catch (...) {
     set_waiting(nullptr, false);
@@ -196,7 +190,7 @@ void InProcCommunicator::wait(Request& request) {
   finish(request);
 }
 
-bool InProcCommunicator::test(Request& request) {
+bool InProcTransport::test(Request& request) {
   if (!request.active) return true;
   Op& op = find(request);
   InProcMailbox& box = group_.mailbox(op.dst);
@@ -211,7 +205,7 @@ bool InProcCommunicator::test(Request& request) {
 
 // An unmatched operation leaves its queue (nothing will ever copy into or out of its buffer); a
 // matched one is already complete. Either way this rank forgets it.
-void InProcCommunicator::cancel(Request& request) noexcept {
+void InProcTransport::cancel(Request& request) noexcept {
   if (!request.active) return;
   request.active = false;
   auto it = ops_.find(request.handle);
@@ -236,8 +230,7 @@ void InProcCommunicator::cancel(Request& request) noexcept {
   ops_.erase(it);
 }
 
-SharedArena* InProcCommunicator::shared_arena() {
-  if (!has_shared_arena()) return nullptr;
+SharedArena* InProcTransport::arena() {
   if (arena_ready_) return &arena_;
   if (group_.aborted()) group_.throw_aborted();  // (a region published before stays the group's)
   const std::size_t data_bytes = group_.options().shared_arena_bytes
@@ -266,24 +259,24 @@ SharedArena* InProcCommunicator::shared_arena() {
   group_.progress_.fetch_add(1, std::memory_order_relaxed);
   arena_.region_bytes = data_bytes;
   arena_.yield_when_waiting = oversubscribed();
-  arena_.watchdog = &watchdog_;
+  arena_.watchdog = &watchdog();
   arena_ready_ = true;
   return &arena_;
 }
 
-bool InProcCommunicator::peer_alive(int peer) { return !group_.lost(peer); }
+bool InProcTransport::peer_alive(int peer) { return !group_.lost(peer); }
 
-std::string InProcCommunicator::describe_peer(int peer) {
+std::string InProcTransport::describe_peer(int peer) {
   return group_.lost(peer) ? "marked lost (InProcGroup::mark_lost)" : "";
 }
 
-void InProcCommunicator::announce(const PeerStatus& status) {
+void InProcTransport::announce(const PeerStatus& status) {
   std::lock_guard<std::mutex> lock(group_.mu_);
   for (int r = 0; r < size(); ++r)
     if (r != rank_) group_.announcements_[static_cast<std::size_t>(r)].push_back(status);
 }
 
-bool InProcCommunicator::next_announcement(PeerStatus& status) {
+bool InProcTransport::next_announcement(PeerStatus& status) {
   std::lock_guard<std::mutex> lock(group_.mu_);
   auto& queue = group_.announcements_[static_cast<std::size_t>(rank_)];
   if (queue.empty()) return false;
@@ -292,11 +285,11 @@ bool InProcCommunicator::next_announcement(PeerStatus& status) {
   return true;
 }
 
-void InProcCommunicator::transport_check() {
+void InProcTransport::check() {
   if (group_.aborted()) group_.throw_aborted();
 }
 
-std::string InProcCommunicator::waiting_for() const {
+std::string InProcTransport::waiting_for() const {
   std::lock_guard<std::mutex> lock(waiting_mu_);
   if (waiting_) return describe(*waiting_);
   if (waiting_in_arena_) return "waits in shared_arena() for every rank to allocate its region";
@@ -315,16 +308,22 @@ InProcGroup::InProcGroup(int size, const InProcOptions& options) : options_(opti
   lost_.assign(static_cast<std::size_t>(size), false);
   announcements_.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) mailboxes_.push_back(std::make_unique<InProcMailbox>());
+  ZCOLL_REQUIRE(options.nodes.empty() || options.nodes.size() == static_cast<std::size_t>(size),
+                "InProcOptions::nodes has ", options.nodes.size(), " labels for ", size, " ranks");
+  if (!options.bandwidth.empty()) topology_ = topology_from_bandwidth(options.bandwidth, size);
   for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<InProcCommunicator>(*this, r));
-  if (!options.nodes.empty()) {
-    ZCOLL_REQUIRE(options.nodes.size() == static_cast<std::size_t>(size), "InProcOptions::nodes has ",
-                  options.nodes.size(), " labels for ", size, " ranks");
-    for (auto& c : comms_) c->set_nodes(options.nodes);
-  }
-  if (!options.bandwidth.empty()) {
-    const Topology topology = topology_from_bandwidth(options.bandwidth, size);
-    for (auto& c : comms_) c->set_topology(topology);
-  }
+}
+
+// ---- InProcCommunicator ----------------------------------------------------------------------
+
+InProcCommunicator::InProcCommunicator(InProcGroup& group, int rank)
+    : Communicator(std::make_unique<InProcTransport>(group, rank)),
+      inproc_(static_cast<InProcTransport&>(transport())) {
+  watchdog().set_timeout(group.options().timeout_seconds);
+  if (!group.options().nodes.empty()) set_nodes(group.options().nodes);
+  if (!group.options().bandwidth.empty()) set_topology(group.topology_);
+  set_oversubscribed(inproc_.oversubscribed());
+  set_identity(concat("inproc-", group.id()));
 }
 
 InProcGroup::~InProcGroup() {

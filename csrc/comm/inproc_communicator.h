@@ -1,6 +1,6 @@
-// Communicator for N ranks that are threads of one process (Gloo's test/base_test.h idea): the
-// second implementation of comm/communicator.h, for in-process C++ tests of every algorithm and
-// to keep that interface honest (nothing in it may assume MPI).
+// A transport for N ranks that are threads of one process (Gloo's test/base_test.h idea), and
+// the communicator over it: the second implementation of comm/transport.h, for in-process C++
+// tests of every algorithm and to keep that interface honest (nothing in it may assume MPI).
 //
 // Matching. Each rank owns a mailbox (mutex + condition variable) holding, in FIFO queues per
 // (source, tag), the sends addressed to it that no receive has taken yet and its receives that
@@ -31,8 +31,8 @@
 //
 // Failure and abort. InProcGroup::abort(reason) marks the group aborted and wakes every waiter:
 // waits and tests (blocked or later), posts, shared_arena()'s allocation and the shared arena's
-// flag waits (through the watchdog's transport_check) then throw GroupAborted. run_ranks aborts the
-// group as soon as a rank throws, and also when no message has moved for
+// flag waits (through the watchdog's PeerMonitor::check) then throw GroupAborted. run_ranks
+// aborts the group as soon as a rank throws, and also when no message has moved for
 // InProcOptions::stall_seconds (a deadlock), naming what every rank waits for; so a failing or
 // deadlocked algorithm never hangs the test program. Caveat, as with MPI, which keeps
 // progressing a process's pending requests: a rank that throws with requests still posted
@@ -93,12 +93,11 @@ struct InProcOp;
 struct InProcMailbox;
 }  // namespace detail
 
-class InProcCommunicator final : public Communicator {
+// The transport of one rank: the group's mailboxes, its shared regions and its failure state.
+class InProcTransport final : public Transport, public PeerMonitor, public SharedMemory {
  public:
-  InProcCommunicator(InProcGroup& group, int rank);
-  ~InProcCommunicator() override;
-  InProcCommunicator(const InProcCommunicator&) = delete;
-  InProcCommunicator& operator=(const InProcCommunicator&) = delete;
+  InProcTransport(InProcGroup& group, int rank);
+  ~InProcTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override;
@@ -107,21 +106,24 @@ class InProcCommunicator final : public Communicator {
   void wait(Request& request) override;
   bool test(Request& request) override;
   void cancel(Request& request) noexcept override;
-  bool oversubscribed() const override;
-  bool has_shared_arena() const override;
-  SharedArena* shared_arena() override;
+  PeerMonitor& monitor() override { return *this; }
+  // InProcOptions::shared_arena; the engine asks only when every rank is on one node.
+  SharedMemory* shared_memory() override;
+
+  // PeerMonitor
   bool peer_alive(int peer) override;
   std::string describe_peer(int peer) override;
   void announce(const PeerStatus& status) override;
   bool next_announcement(PeerStatus& status) override;
-  void transport_check() override;
+  void check() override;
+  // SharedMemory
+  SharedArena* arena() override;
 
+  bool oversubscribed() const;
   InProcGroup& group() { return group_; }
-  // What this rank is blocked on, for the stall report ("" when not blocked).
   std::string waiting_for() const;
 
  private:
-  friend class InProcGroup;  // sets the node map once every rank exists
   using Op = detail::InProcOp;
   Request post(bool is_send, void* buf, std::size_t bytes, int peer, int tag);
   Op& find(const Request& request);
@@ -137,6 +139,20 @@ class InProcCommunicator final : public Communicator {
   mutable std::mutex waiting_mu_;  // guards the two below (read by run_ranks' watchdog)
   const Op* waiting_ = nullptr;
   bool waiting_in_arena_ = false;
+};
+
+// The engine over rank `rank`'s InProcTransport, with the group's placement (nodes, topology,
+// CPUs) and timeout.
+class InProcCommunicator final : public Communicator {
+ public:
+  InProcCommunicator(InProcGroup& group, int rank);
+
+  InProcGroup& group() { return inproc_.group(); }
+  // What this rank is blocked on, for the stall report ("" when not blocked).
+  std::string waiting_for() const { return inproc_.waiting_for(); }
+
+ private:
+  InProcTransport& inproc_;
 };
 
 class InProcGroup {
@@ -164,7 +180,8 @@ class InProcGroup {
   bool lost(int rank) const;
 
  private:
-  friend class InProcCommunicator;
+  friend class InProcTransport;
+  friend class InProcCommunicator;  // reads topology_
   detail::InProcMailbox& mailbox(int rank) { return *mailboxes_.at(static_cast<std::size_t>(rank)); }
   [[noreturn]] void throw_aborted() const;
 
@@ -173,6 +190,7 @@ class InProcGroup {
   int id_ = 0;
   int cpus_ = 1;
   std::vector<std::unique_ptr<detail::InProcMailbox>> mailboxes_;
+  Topology topology_;  // from options.bandwidth, once for every rank
   std::vector<std::unique_ptr<InProcCommunicator>> comms_;
   std::atomic<bool> aborted_{false};
   std::atomic<std::uint64_t> progress_{0};

@@ -1,3 +1,4 @@
+// The MPI transport and MpiCommunicator (mpi_communicator.h).
 #include "comm/mpi_communicator.h"
 
 #include <sched.h>
@@ -108,27 +109,6 @@ Placement locate_ranks(MPI_Comm comm, int rank, int mpi_node) {
     out.machine_ranks += same_machine(r, rank) ? 1 : 0;
   }
   return out;
-}
-
-// ZCOLL_TOPOLOGY, read by every rank; if any rank fails (no file, another placement), every rank
-// throws, so none goes on to a collective the others never enter. Collective over comm.
-Topology topology_from_env(MPI_Comm comm, const Placement& placement, const std::vector<int>& node_of) {
-  const std::string& path = env::get_string(env::Var::kTopology);
-  if (path.empty()) return {};
-  std::string error;
-  Topology topology;
-  try {
-    int world_size = 0;
-    ZCOLL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
-    topology = topology_from_probe(read_probe_file(path), path, world_size, placement.world_ranks, node_of);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  int ok = error.empty() ? 1 : 0;
-  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
-  if (!error.empty()) throw std::invalid_argument(error);
-  ZCOLL_REQUIRE(ok, "ZCOLL_TOPOLOGY: another rank could not use '", path, "' (its message says why)");
-  return topology;
 }
 
 WaitPolicy choose_wait_policy(bool oversubscribed) {
@@ -262,7 +242,7 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
   throw Error(detail::concat(file, ":", line, ": ", call, " failed: ", std::string(text, len)));
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
+MpiTransport::MpiTransport(MPI_Comm parent) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   ZCOLL_REQUIRE(initialized, "MPI is not initialised: call MPI_Init (or import mpi4py.MPI) first");
@@ -276,11 +256,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
   int mpi_node = rank_;  // MPI's node, named by its lowest rank
   ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &mpi_node, 1, MPI_INT, MPI_MIN, shared));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&shared));
-  const Placement placement = locate_ranks(comm_, rank_, mpi_node);
-  set_nodes(placement.node_labels);
-  std::vector<int> nodes(size_);
-  for (int r = 0; r < size_; ++r) nodes[r] = node_of(r);
-  set_topology(topology_from_env(comm_, placement, nodes));
+  Placement placement = locate_ranks(comm_, rank_, mpi_node);
+  node_labels_ = std::move(placement.node_labels);
+  world_ranks_ = std::move(placement.world_ranks);
   machine_ranks_ = placement.machine_ranks;
   oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
@@ -298,15 +276,46 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
     pids_.push_back(all[3 * r]);
     machine_.push_back(static_cast<std::uint64_t>(all[3 * r + 1]));
   }
-  set_identity(detail::concat(std::hex, machine_[0] & 0xfffff, std::dec, "-", pids_[0], "-", all[2]), rank_, size_);
+  id_ = detail::concat(std::hex, machine_[0] & 0xfffff, std::dec, "-", pids_[0], "-", all[2]);
+}
+
+// ZCOLL_TOPOLOGY, read by every rank; if any rank fails (no file, another placement), every rank
+// throws, so none goes on to a collective the others never enter. Collective over comm_.
+Topology MpiTransport::read_topology(const std::vector<int>& node_of) const {
+  const std::string& path = env::get_string(env::Var::kTopology);
+  if (path.empty()) return {};
+  std::string error;
+  Topology topology;
+  try {
+    int world_size = 0;
+    ZCOLL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    topology = topology_from_probe(read_probe_file(path), path, world_size, world_ranks_, node_of);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int ok = error.empty() ? 1 : 0;
+  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_));
+  if (!error.empty()) throw std::invalid_argument(error);
+  ZCOLL_REQUIRE(ok, "ZCOLL_TOPOLOGY: another rank could not use '", path, "' (its message says why)");
+  return topology;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent)
+    : Communicator(std::make_unique<MpiTransport>(parent)), mpi_(static_cast<MpiTransport&>(transport())) {
+  set_nodes(mpi_.node_labels());
+  std::vector<int> nodes(static_cast<std::size_t>(size()));
+  for (int r = 0; r < size(); ++r) nodes[r] = node_of(r);
+  set_topology(mpi_.read_topology(nodes));
+  set_oversubscribed(mpi_.oversubscribed());
+  set_identity(mpi_.id());
 }
 
 // Never calls MPI: freeing a window or a communicator is collective, and destruction order
 // (garbage collection in Python) differs between ranks. A communicator not freed by free() is
 // left to MPI_Finalize (mpi4py's model; the Python layer warns).
-MpiCommunicator::~MpiCommunicator() = default;
+MpiTransport::~MpiTransport() = default;
 
-void MpiCommunicator::free() {
+void MpiTransport::free() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -320,7 +329,7 @@ void MpiCommunicator::free() {
   arena_window_ = MPI_WIN_NULL;
   arena_.regions.clear();
   comm_ = oob_ = MPI_COMM_NULL;
-  if (finalized || watchdog_.broken() || announced) return;
+  if (finalized || watchdog().broken() || announced) return;
   if (window != MPI_WIN_NULL) ZCOLL_MPI_CHECK(MPI_Win_free(&window));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&oob));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
@@ -339,8 +348,7 @@ void touch_pages(const SharedArena& arena, std::size_t bytes) {
 }
 }  // namespace
 
-SharedArena* MpiCommunicator::shared_arena() {
-  if (!has_shared_arena()) return nullptr;
+SharedArena* MpiTransport::arena() {
   if (arena_window_ != MPI_WIN_NULL) return &arena_;
   // One region per rank: the flags, then the algorithms' staging areas. The size is fixed (not
   // per message), so every rank allocates the same window whatever it is asked to reduce.
@@ -365,7 +373,7 @@ SharedArena* MpiCommunicator::shared_arena() {
   }
   arena_.region_bytes = data_bytes;
   arena_.yield_when_waiting = wait_policy_ == WaitPolicy::kYield;
-  arena_.watchdog = &watchdog_;
+  arena_.watchdog = &watchdog();
   // Zero this rank's flags, then make sure every rank has done so before anyone polls them.
   for (int f = 0; f < kSharedFlags; ++f) new (&arena_.flags(rank_)[f]) SharedFlag();
   // Fault the whole arena in now: the owner writes its region (first touch places the pages on
@@ -378,23 +386,21 @@ SharedArena* MpiCommunicator::shared_arena() {
   return &arena_;
 }
 
-Request MpiCommunicator::isend(const void* buf, std::size_t bytes, int peer, int tag) {
+Request MpiTransport::isend(const void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
   ZCOLL_MPI_CHECK(MPI_Isend(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
-  stats_.bytes_sent += bytes;
-  stats_.messages_sent += 1;
   Request request = active_request(to_handle(r), peer);
   request.send = true;
   return request;
 }
 
-Request MpiCommunicator::irecv(void* buf, std::size_t bytes, int peer, int tag) {
+Request MpiTransport::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
   ZCOLL_MPI_CHECK(MPI_Irecv(buf, to_int_count(bytes), MPI_BYTE, peer, tag, comm_, &r));
   return active_request(to_handle(r), peer);
 }
 
-void MpiCommunicator::check_wait(int rc, int peer) {
+void MpiTransport::check_wait(int rc, int peer) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int len = 0, error_class = 0;
@@ -404,10 +410,10 @@ void MpiCommunicator::check_wait(int rc, int peer) {
 #ifdef MPIX_ERR_PROC_FAILED
   lost = lost || error_class == MPIX_ERR_PROC_FAILED;
 #endif
-  watchdog_.fail_transport(peer, "MPI reported: " + std::string(text, len), lost);
+  watchdog().fail_transport(peer, "MPI reported: " + std::string(text, len), lost);
 }
 
-void MpiCommunicator::wait(Request& request) {
+void MpiTransport::wait(Request& request) {
   if (!request.active) return;
   MPI_Request r = from_handle(request.handle);
   Backoff backoff(wait_policy_ == WaitPolicy::kYield);
@@ -415,12 +421,12 @@ void MpiCommunicator::wait(Request& request) {
     check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), request.peer);
     if (done) break;
     backoff.pause();
-    watchdog_.poll(request.peer);
+    watchdog().poll(request.peer);
   }
   request.active = false;
 }
 
-bool MpiCommunicator::test(Request& request) {
+bool MpiTransport::test(Request& request) {
   if (!request.active) return true;
   MPI_Request r = from_handle(request.handle);
   int done = 0;
@@ -433,7 +439,7 @@ bool MpiCommunicator::test(Request& request) {
 // and a cancelled receive never writes into its buffer. A send is only freed (it completes or
 // not in the background; it only reads its buffer): cancelling sends is deprecated in MPI-4, and
 // MPICH over UCX crashes in ucp_request_cancel on a rendezvous send to a stopped peer.
-void MpiCommunicator::cancel(Request& request) noexcept {
+void MpiTransport::cancel(Request& request) noexcept {
   if (!request.active) return;
   request.active = false;
   if (comm_ == MPI_COMM_NULL) return;
@@ -451,14 +457,13 @@ void MpiCommunicator::cancel(Request& request) noexcept {
 // elements, next to the second or more it takes to move them. With the watchdog on, each chunk is
 // an MPI_Iallreduce waited for with the watchdog's polls (a blocking MPI_Allreduce could wait for
 // a stopped rank forever); off, MPI_Allreduce itself.
-void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
-                                       ReduceOp op) {
+void MpiTransport::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
   const std::size_t elem = dtype_size(dtype);
   for (std::size_t begin = 0; begin < count; begin += kMaxMpiCount) {
     const int n = static_cast<int>(std::min(kMaxMpiCount, count - begin));
     void* chunk_out = static_cast<unsigned char*>(out) + begin * elem;
     const void* send = in == out ? MPI_IN_PLACE : static_cast<const unsigned char*>(in) + begin * elem;
-    if (!watchdog_.enabled()) {
+    if (!watchdog().enabled()) {
       ZCOLL_MPI_CHECK(MPI_Allreduce(send, chunk_out, n, mpi_datatype(dtype), mpi_op(dtype, op), comm_));
       continue;
     }
@@ -469,22 +474,21 @@ void MpiCommunicator::native_allreduce(const void* in, void* out, std::size_t co
       check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), -1);
       if (done) break;
       backoff.pause();
-      watchdog_.poll();
+      watchdog().poll();
     }
   }
   if (op == ReduceOp::kAvg) kernels::divide(out, count, dtype, size_);
-  stats_.bytes_sent += 2 * count * dtype_size(dtype) * static_cast<std::size_t>(size_ - 1) / size_;
 }
 
-bool MpiCommunicator::same_machine(int peer) const {
+bool MpiTransport::same_machine(int peer) const {
   return machine_[static_cast<std::size_t>(peer)] != 0 && machine_[static_cast<std::size_t>(peer)] == machine_[rank_];
 }
 
-bool MpiCommunicator::peer_alive(int peer) {
+bool MpiTransport::peer_alive(int peer) {
   return !same_machine(peer) || process_state(pids_[static_cast<std::size_t>(peer)]) != ProcessState::kGone;
 }
 
-std::string MpiCommunicator::describe_peer(int peer) {
+std::string MpiTransport::describe_peer(int peer) {
   if (!same_machine(peer)) return "on another machine";
   const std::int64_t pid = pids_[static_cast<std::size_t>(peer)];
   switch (process_state(pid)) {
@@ -496,7 +500,7 @@ std::string MpiCommunicator::describe_peer(int peer) {
   return detail::concat("its process, pid ", pid, " on this machine, is running but not in a zcoll call");
 }
 
-void MpiCommunicator::announce(const PeerStatus& status) {
+void MpiTransport::announce(const PeerStatus& status) {
   if (oob_ == MPI_COMM_NULL) return;
   announced_ = status;  // the send buffer outlives the sends, which are never waited for
   for (int r = 0; r < size_; ++r) {
@@ -507,7 +511,7 @@ void MpiCommunicator::announce(const PeerStatus& status) {
   }
 }
 
-bool MpiCommunicator::next_announcement(PeerStatus& status) {
+bool MpiTransport::next_announcement(PeerStatus& status) {
   if (oob_ == MPI_COMM_NULL) return false;
   int flag = 0;
   MPI_Status st;

@@ -1,5 +1,6 @@
-// Communicator over MPI point-to-point. Duplicates the caller's MPI_Comm, so zcoll's messages
-// never match the caller's; never calls MPI_Init (the caller, mpi4py or a benchmark main does).
+// The MPI transport (comm/transport.h) and the communicator over it. Point-to-point on a
+// duplicate of the caller's MPI_Comm, so zcoll's messages never match the caller's; never calls
+// MPI_Init (the caller, mpi4py or a benchmark main does).
 //
 // Waiting: MPI_Wait in MPICH busy-polls, which is fastest with a core per rank and ruinous when
 // ranks outnumber cores (a spinning rank steals the core its peer needs to make progress) or when
@@ -33,12 +34,12 @@ namespace zcoll {
 
 enum class WaitPolicy : int { kSpin = 0, kYield = 1 };
 
-class MpiCommunicator final : public Communicator {
+// The transport: MPI point-to-point on a duplicate of the caller's communicator, MPI's own
+// allreduce, MPI-3 shared memory, and the peers' pids for failure detection.
+class MpiTransport final : public Transport, public PeerMonitor, public NativeAllreduce, public SharedMemory {
  public:
-  explicit MpiCommunicator(MPI_Comm parent);
-  ~MpiCommunicator() override;
-  MpiCommunicator(const MpiCommunicator&) = delete;
-  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  explicit MpiTransport(MPI_Comm parent);  // collective over parent
+  ~MpiTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -47,28 +48,35 @@ class MpiCommunicator final : public Communicator {
   void wait(Request& request) override;
   bool test(Request& request) override;
   void cancel(Request& request) noexcept override;
-  void native_allreduce(const void* in, void* out, std::size_t count, DType dtype,
-                        ReduceOp op) override;
-  bool has_native_allreduce() const override { return true; }
-  bool oversubscribed() const override { return oversubscribed_; }
-  // Every rank on one node (see node_of); off with ZCOLL_SHM=0.
-  bool has_shared_arena() const override { return shm_allowed_ && node_count() == 1; }
-  SharedArena* shared_arena() override;
+  PeerMonitor& monitor() override { return *this; }
+  NativeAllreduce* native_allreduce() override { return this; }
+  // Off with ZCOLL_SHM=0; the engine asks only when every rank is on one node.
+  SharedMemory* shared_memory() override { return shm_allowed_ ? this : nullptr; }
+
+  // PeerMonitor
   bool peer_alive(int peer) override;
   std::string describe_peer(int peer) override;
   void announce(const PeerStatus& status) override;
   bool next_announcement(PeerStatus& status) override;
   bool shares_clock(int peer) const override { return same_machine(peer); }
+  // NativeAllreduce
+  void allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) override;
+  // SharedMemory
+  SharedArena* arena() override;
+
+  // Where the ranks are, found at creation (see the file's comment): a node label per rank,
+  // whether the ranks on this machine outnumber its cores, the id every rank agreed on.
+  const std::vector<int>& node_labels() const { return node_labels_; }
+  bool oversubscribed() const { return oversubscribed_; }
+  const std::string& id() const { return id_; }
+  // ZCOLL_TOPOLOGY restricted to these ranks, with node_of[r] the node of rank r (collective;
+  // every rank throws if any cannot use the file); unknown when the variable is unset.
+  Topology read_topology(const std::vector<int>& node_of) const;
 
   MPI_Comm comm() const { return comm_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
-  int machine_ranks() const { return machine_ranks_; }  // ranks on this machine (one kernel), any node
-  // Releases the MPI communicator and the shared window (collective: every rank calls it).
-  // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
-  // communicator it releases nothing through MPI (the peers it would synchronise with may be
-  // gone), nor on one for which another rank announced a failure: the MPI objects are left to
-  // MPI_Finalize or the end of the process.
-  void free();
+  int machine_ranks() const { return machine_ranks_; }
+  void free();  // MpiCommunicator::free()
 
  private:
   // An MPI return code of a wait: failures become the watchdog's failure naming `peer`.
@@ -83,11 +91,34 @@ class MpiCommunicator final : public Communicator {
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
   bool shm_allowed_ = true;
+  std::vector<int> node_labels_;
+  std::vector<int> world_ranks_;  // every rank's rank in MPI_COMM_WORLD (a probe's matrix index)
+  std::string id_;
   MPI_Win arena_window_ = MPI_WIN_NULL;
   SharedArena arena_;
   std::vector<std::int64_t> pids_;      // every rank's process id
   std::vector<std::uint64_t> machine_;  // every rank's machine identity (boot id, pid namespace)
   PeerStatus announced_;                // the buffer of this rank's announcement sends
+};
+
+// The engine over an MpiTransport (comm/communicator.h), with the MPI-specific calls the
+// bindings and benchmarks make.
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm parent);
+
+  MPI_Comm comm() const { return mpi_.comm(); }
+  WaitPolicy wait_policy() const { return mpi_.wait_policy(); }
+  int machine_ranks() const { return mpi_.machine_ranks(); }  // ranks on this machine (one kernel), any node
+  // Releases the MPI communicator and the shared window (collective: every rank calls it).
+  // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
+  // communicator it releases nothing through MPI (the peers it would synchronise with may be
+  // gone), nor on one for which another rank announced a failure: the MPI objects are left to
+  // MPI_Finalize or the end of the process.
+  void free() { mpi_.free(); }
+
+ private:
+  MpiTransport& mpi_;
 };
 
 // The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree

@@ -100,7 +100,7 @@ void Watchdog::end_call() {
 
 void Watchdog::check(int peer) {
   if (!enabled_) return;
-  comm_.transport_check();
+  comm_.monitor().check();
   if (peer >= 0) comm_.recorder().waiting_for(peer);  // (the engine's Channel sets it for messages)
   const std::int64_t now = coarse_ns();
   if (started_ns_ == 0 && depth_ > 0) {
@@ -118,11 +118,11 @@ void Watchdog::check(int peer) {
 
 void Watchdog::slow_check() {
   PeerStatus s;
-  if (comm_.next_announcement(s) && s.magic == PeerStatus::kMagic && s.rank >= 0 && s.rank < comm_.size() &&
-      s.rank != comm_.rank())
+  if (comm_.monitor().next_announcement(s) && s.magic == PeerStatus::kMagic && s.rank >= 0 &&
+      s.rank < comm_.size() && s.rank != comm_.rank())
     fail(FailureReason::kPeerFailed, -1, "", &s);
   for (int r = 0; r < comm_.size(); ++r)
-    if (r != comm_.rank() && !comm_.peer_alive(r)) fail(FailureReason::kRankLost, r, "", nullptr);
+    if (r != comm_.rank() && !comm_.monitor().peer_alive(r)) fail(FailureReason::kRankLost, r, "", nullptr);
 }
 
 void Watchdog::request_abort(const std::string& reason) {
@@ -186,14 +186,14 @@ Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerSt
   try {
     for (;;) {
       PeerStatus s;
-      while (comm_.next_announcement(s)) take(s);
+      while (comm_.monitor().next_announcement(s)) take(s);
       const std::int64_t now = coarse_ns();
       const bool liveness = now >= next_liveness;
       if (liveness) next_liveness = now + 50'000'000;
       bool waiting = false;
       for (int r = 0; r < p; ++r) {
         if (h.heard[r] || h.dead[r]) continue;
-        if (liveness && !comm_.peer_alive(r)) h.dead[r] = true;
+        if (liveness && !comm_.monitor().peer_alive(r)) h.dead[r] = true;
         else waiting = true;
       }
       if (!waiting || now >= end) break;
@@ -232,7 +232,7 @@ std::string Watchdog::describe(FailureReason reason, int peer, const std::string
   std::string never;
   for (int r = 0; r < p; ++r) {
     if (h.heard[r]) continue;
-    const std::string about = comm_.describe_peer(r);
+    const std::string about = comm_.monitor().describe_peer(r);
     const std::string state = h.dead[r] ? "lost" + (about.empty() ? "" : ": " + about) : about;
     never += concat(never.empty() ? "" : "; ", "rank ", r, state.empty() ? "" : " (" + state + ")");
   }
@@ -255,7 +255,7 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
   const int lost = reason == FailureReason::kRankLost ? peer : -1;
   const PeerStatus mine = my_status(reason, lost);
   try {
-    comm_.announce(mine);  // a. best effort: the channel may itself be what failed
+    comm_.monitor().announce(mine);  // a. best effort: the channel may itself be what failed
   } catch (const std::exception&) {
   }
   const Heard h = collect(mine, lost, trigger);

@@ -7,9 +7,10 @@
 //   1. the deadline: start of the collective + timeout (ZCOLL_TIMEOUT, Communicator(timeout=)).
 //      "Start" is the first check of the call, so a call that never waits reads no clock;
 //   2. an abort asked for from another thread (torch's Work.wait(timeout));
-//   3. every kSlowCheckNs (100 ms): the peers' liveness (the transport's peer_alive: on one
-//      machine, MPI ranks check each other's pid) and the peers' failure announcements;
-//   4. the transport's own state (the in-process group's abort).
+//   3. every kSlowCheckNs (100 ms): the peers' liveness (the transport's PeerMonitor,
+//      comm/transport.h: on one machine, MPI ranks check each other's pid) and the peers'
+//      failure announcements;
+//   4. the transport's own state (PeerMonitor::check: the in-process group's abort).
 //
 // When one of these fails, the rank runs the failure protocol (fail()):
 //   a. it announces its status (call, sequence number, reason) to every other rank through the
