@@ -30,7 +30,7 @@ import ddp_workload as wl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zcoll  # noqa: E402
-from zcoll import compression_model as cm  # noqa: E402
+from zcoll.tune import compression_model as cm  # noqa: E402
 
 FIXED = ("bf16", "int8", "int4", "top10%", "sign", "top1%")
 
@@ -135,7 +135,7 @@ def report(args, comm, runs, data) -> None:
         print(f"| {r.name} | {step[r.name] * 1e3:.1f} | {vs_best} | {vs_none} | {acc:.2%} |")
     auto = next((r.compression for r in runs if r.name == "auto"), None)
     if auto is not None:
-        chosen = {k: p[-1] for k, p in auto.path.items()}
+        chosen = {k: p[-1] for k, p in auto.guard.path.items()}
         print(f"auto decided at step {auto.decided_step}: {chosen}; best fixed: {best}")
     if "none" in step and "none-again" in step:
         print(f"A/A: none-again {step['none'] / step['none-again']:.2f}x of none")

@@ -223,7 +223,7 @@ def auto_decided() -> int:
     """The step by which a default zcoll.AutoCompression has decided, at the latest (its start
     step, the screen and the longest final)."""
     auto = _zcoll().AutoCompression()
-    return auto.trial_start + auto.trial_steps
+    return auto.trials.end
 
 
 AUTO_METRICS_DIR: Optional[str] = None  # where auto configurations write their JSON-lines logs
@@ -243,7 +243,7 @@ def _auto(name: str, **options: Any) -> Any:
 def _guarded(method: str) -> Any:
     """One method under the guard, with the calibrated residual bound (escalated to int4 and on
     while error feedback owes more than a gradient)."""
-    bound = _zcoll().auto_compression.RESIDUAL_BOUND
+    bound = _zcoll().tune.RESIDUAL_BOUND
     return _auto(method.rstrip("%"), methods=[method], residual_bound=bound)
 
 
@@ -261,7 +261,7 @@ def wrap(
     """`module` as `config` trains it: itself (compute), or a DDP model on the config's group with
     DDP's default buckets (bucket_mb None: bucket_cap_mb=25) or `bucket_mb`, and its hook.
     hook_wrapper: applied to torch's hooks before registering them (the profiler times a hook it
-    did not register through ``zcoll.torch.profiler.timed_hook``)."""
+    did not register through ``zcoll.torch.tracer.timed_hook``)."""
     if not config.ddp:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP

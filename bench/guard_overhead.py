@@ -50,7 +50,7 @@ def options(argv=None):
         "auto-none: plain zcoll against auto decided uncompressed",
     )
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
-    p.add_argument("--method", default="sign", help="the compressed method (zcoll.compression_model's names)")
+    p.add_argument("--method", default="sign", help="the compressed method (zcoll.compression.methods' names)")
     p.add_argument("--blocks", type=int, default=40, help="blocks per model (default 40)")
     p.add_argument("--block", type=int, default=8, help="steps per block, the first not counted (default 8)")
     p.add_argument("--check-every", type=int, default=50, help="steps between the guard's exact checks")
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
 def guard_spent(auto) -> tuple:
     """The guard's wall and CPU seconds so far (those since its last check included)."""
-    return auto.guard_seconds + auto._guard_spent.wall, auto.guard_cpu_seconds + auto._guard_spent.cpu
+    return auto.guard.seconds + auto.guard.spent.wall, auto.guard.cpu_seconds + auto.guard.spent.cpu
 
 
 def report(args, first: Run, second: Run, guard_s: float, guard_cpu_s: float) -> None:

@@ -95,7 +95,7 @@ class Trainer:
         kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
         self.ddp = DDP(make_net(widths(args)), **kwargs)
         if method not in (None, "none"):
-            zcoll.torch.apply_gradient_compression(self.ddp, zcoll.torch.profiler.compressor(method))
+            zcoll.torch.apply_gradient_compression(self.ddp, zcoll.torch.tracer.compressor(method))
         self.opt = torch.optim.Adam(self.ddp.parameters(), lr=1e-3)
         if accumulation > 1:
             self.opt = zcoll.torch.GradientAccumulator(self.opt, accumulation, model=self.ddp)
@@ -144,7 +144,7 @@ def interleaved(args, root, kind, base, follow, accumulation):
 def interleaved_base(a_dir, s):
     """The base model's step time in the interleaved blocks, and the suggested setting's step
     time predicted from those same steps."""
-    from zcoll import step_report, trace
+    from zcoll.observe import step_report, trace
 
     (a,) = step_report.analyze(trace.load(a_dir), warmup=1)
     predicted = a.predict(bucket_cap_mb=s["bucket_cap_mb"], method=s.get("method"), accumulation=s.get("steps"))

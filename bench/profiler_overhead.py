@@ -38,7 +38,7 @@ def options(argv=None):
     p.add_argument("--batch", type=int, default=32, help="rows per rank per step (default 32)")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (default: DDP's)")
     p.add_argument(
-        "--compression", default="none", help="none or a method of zcoll.torch.profiler.compressor"
+        "--compression", default="none", help="none or a method of zcoll.torch.tracer.compressor"
     )
     p.add_argument("--rounds", type=int, default=20, help="rounds of one profiled and one unprofiled block")
     p.add_argument("--block", type=int, default=10, help="steps per block (default 10)")
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     )
     ddp = DDP(net, **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
     zcoll.torch.apply_gradient_compression(
-        ddp, None if args.compression == "none" else zcoll.torch.profiler.compressor(args.compression)
+        ddp, None if args.compression == "none" else zcoll.torch.tracer.compressor(args.compression)
     )
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(rank)

@@ -83,7 +83,7 @@ def options():
     p.add_argument(
         "--residual-bound",
         type=float,
-        default=zcoll.auto_compression.RESIDUAL_BOUND,
+        default=zcoll.tune.RESIDUAL_BOUND,
         help="the guarded configurations' residual-to-gradient bound (default %(default)s; 0: off)",
     )
     p.add_argument("--check-every", type=int, default=10, help="updates between the guard's checks")
@@ -209,7 +209,7 @@ def train(name, args, world, groups, data):
     auto = compression.compressor if name in GUARDED else None  # a zcoll.AutoCompression
     # bytes the gradients took: less AutoCompression's one-time calibration (its uncompressed
     # allreduces of 256 B, 1 MiB and 4 MiB), which a longer run spreads over more updates
-    calibration = lambda: auto.calibration_bytes if auto is not None else 0  # noqa: E731
+    calibration = lambda: auto.trials.calibration_bytes if auto is not None else 0  # noqa: E731
     sent = lambda: run.sent + (comm.stats()["bytes_sent"] - calibration() if comm else 0)  # noqa: E731
     for epoch in range(run.epoch, args.epochs):
         run.epoch = epoch
@@ -251,11 +251,11 @@ def train(name, args, world, groups, data):
         "params": params,
         "digest": hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
         "methods": dict(auto.calls_by_method) if auto is not None else None,
-        "guard_ms": world.allreduce(auto.guard_seconds, op=_max()) / run.updates * 1e3
+        "guard_ms": world.allreduce(auto.guard.seconds, op=_max()) / run.updates * 1e3
         if auto is not None
         else None,
         "guard_cpu_ms": (
-            world.allreduce(auto.guard_cpu_seconds, op=_max()) / run.updates * 1e3
+            world.allreduce(auto.guard.cpu_seconds, op=_max()) / run.updates * 1e3
             if auto is not None
             else None
         ),

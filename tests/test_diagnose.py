@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mpi_util import case_names, script_job
 
-from zcoll.diagnose import Diagnoser, LinkStats, Thresholds, classify, from_rows
+from zcoll.core.diagnose import Diagnoser, LinkStats, Thresholds, classify, from_rows
 
 P = 4
 MB = 1 << 20

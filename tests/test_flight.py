@@ -11,7 +11,7 @@ import tempfile
 import pytest
 from mpi_util import case_names, run, script_job
 
-from zcoll import flight
+from zcoll.observe import flight
 
 DUMP_DIR = tempfile.mkdtemp(prefix="zcoll-test-dumps-")
 

@@ -1,5 +1,5 @@
 """`zcoll probe` without a network to shape: the schedule, the tiers / hotspots / slow nodes /
-placement rules on synthetic matrices (zcoll/topology.py), the files and their loading, the
+placement rules on synthetic matrices (zcoll/placement.py), the files and their loading, the
 command line, and one real run on 3 ranks. The emulated two-node network: test_testbed.py."""
 
 import itertools
@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+import zcoll
 from mpi_util import mpirun, run
-
-from zcoll import probe, probe_report, topology
+from zcoll.observe import placement, probe, probe_report
 
 MB = 1e6
 
@@ -37,7 +37,7 @@ def uniform(node_of, intra=5000 * MB, inter=125 * MB):
 
 
 def analyse(node_of, bw, lat, **kw):
-    return topology.analyse(bw, lat, node_of, [f"node{k}" for k in node_of], **kw)
+    return placement.analyse(bw, lat, node_of, [f"node{k}" for k in node_of], **kw)
 
 
 # -- schedule ---------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_hotspot_ratio_is_a_rule_not_a_constant():
 def test_interleaved_ranks_are_placed_in_blocks():
     # ranks alternate between two nodes: a ring in rank order crosses nodes at every hop
     node_of, bw, _ = uniform([0, 1, 0, 1])
-    p = topology.suggest_placement(bw, node_of, ["a", "b", "a", "b"])
+    p = placement.suggest_placement(bw, node_of, ["a", "b", "a", "b"])
     assert p.improves
     assert p.suggested_slowest == pytest.approx(p.current_slowest)  # some hop still crosses
     assert p.current_total / p.suggested_total == pytest.approx((4 / 125) / (2 / 125 + 2 / 5000))
@@ -156,7 +156,7 @@ def test_ring_avoids_a_slow_link_between_three_nodes():
     for i in (0, 1):
         for j in (2, 3):
             bw[i, j] = 30 * MB  # node 0 -> node 1 slow: the rank-order ring uses it (1 -> 2)
-    p = topology.suggest_placement(bw, node_of, [f"node{k}" for k in node_of])
+    p = placement.suggest_placement(bw, node_of, [f"node{k}" for k in node_of])
     assert p.improves and p.speedup() == pytest.approx(125 / 30, rel=1e-6)
     order = [p.hosts[r] for r in range(6)]
     assert ("node0", "node1") not in {(order[r], order[(r + 1) % 6]) for r in range(6)}
@@ -165,7 +165,7 @@ def test_ring_avoids_a_slow_link_between_three_nodes():
 def test_two_nodes_no_placement_helps():
     node_of, bw, _ = cluster([2, 2])
     bw[2, 0] = bw[2, 1] = bw[3, 0] = bw[3, 1] = 31 * MB
-    p = topology.suggest_placement(bw, node_of, ["n0", "n0", "n1", "n1"])
+    p = placement.suggest_placement(bw, node_of, ["n0", "n0", "n1", "n1"])
     assert not p.improves  # any ring crosses both ways
 
 
@@ -174,21 +174,21 @@ def test_traffic_matrix_places_the_heavy_pair_together():
     _, bw, _ = cluster([2, 2])
     t = np.zeros((4, 4))
     t[1, 2] = t[2, 1] = 1e9  # ranks 1 and 2 exchange most: they belong on one node
-    p = topology.suggest_placement(bw, node_of, ["n0", "n0", "n1", "n1"], traffic=t, traffic_name="t")
+    p = placement.suggest_placement(bw, node_of, ["n0", "n0", "n1", "n1"], traffic=t, traffic_name="t")
     assert p.improves and p.hosts[1] == p.hosts[2]
 
 
 def test_best_cycle_avoids_the_slow_hop():
     bw, _ = matrix(5, 125 * MB)
     bw[1, 2] = 20 * MB
-    order = topology.best_cycle(bw)
+    order = zcoll._C.best_ring_order(np.nan_to_num(bw).tolist())
     assert order[0] == 0 and sorted(order) == list(range(5))
     assert (1, 2) not in {(order[k], order[(k + 1) % 5]) for k in range(5)}
 
 
 def test_local_search_above_eight_ranks():
     node_of, bw, _ = uniform([r % 3 for r in range(9)])  # round-robin over 3 nodes
-    p = topology.suggest_placement(bw, node_of, [f"n{k}" for k in node_of])
+    p = placement.suggest_placement(bw, node_of, [f"n{k}" for k in node_of])
     assert p.improves
     assert sum(p.hosts[r] != p.hosts[(r + 1) % 9] for r in range(9)) == 3
 
@@ -231,7 +231,7 @@ def test_files_and_report(tmp_path):
 
 
 def test_placement_files(tmp_path):
-    p = topology.Placement([0, 2, 1, 3], ["a", "b", "a", "b"], "ring", 2.0, 1.0, 4.0, 3.0, (0, 1), (1, 2), True)
+    p = placement.Placement([0, 2, 1, 3], ["a", "b", "a", "b"], "ring", 2.0, 1.0, 4.0, 3.0, (0, 1), (1, 2), True)
     probe_report._write_placement(p, tmp_path)
     assert (tmp_path / "placement.hosts").read_text() == "a\nb\na\nb\n"
     assert (tmp_path / "rankfile").read_text() == "rank 0=a slot=0\nrank 1=b slot=0\nrank 2=a slot=1\nrank 3=b slot=1\n"

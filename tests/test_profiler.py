@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from chrome_trace import validate
 from mpi_util import ROOT, case_names, mpirun_argv, python_mpirun, run, script_job
-from zcoll import _C, step_model, step_report, trace
+from zcoll import _C
+from zcoll.observe import step_model, step_report, trace
 
 MIB = 1 << 20
 NS = 1e9
@@ -52,7 +53,7 @@ def synthetic_docs(
     step_model's codec table; method's entry gives the wire ratio and codec rates."""
     codecs, late = codecs or {}, late or [0.0] * ranks
     eta_wake = eta if eta_wake is None else eta_wake
-    link = step_model.Link(alpha, beta, 2.0 * (ranks - 1) / ranks, "none", codecs, ranks)
+    link = step_model.LinkModel(alpha, beta, 2.0 * (ranks - 1) / ranks, "none", codecs, ranks)
     sizes, ends = step_model.rebucket(tuple(params), first_cap, cap)
     t = [10.0] * ranks
     out = [[] for _ in range(ranks)]

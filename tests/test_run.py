@@ -19,7 +19,8 @@ from mpi_util import ROOT, case_names, run, script_job
 
 import zcoll
 import zcoll.torch
-from zcoll import checkpoint_files, launcher
+from zcoll.core import checkpoint_files
+from zcoll.tools import launcher
 from zcoll.torch import checkpoint
 
 EXAMPLE = ROOT / "examples/train_digits.py"
@@ -236,7 +237,7 @@ def test_a_crash_before_the_manifest_leaves_the_previous_checkpoint(tmp_path):
     program = f"""
 import os, torch
 from mpi4py import MPI
-from zcoll import checkpoint_files
+from zcoll.core import checkpoint_files
 from zcoll.torch import checkpoint
 net = torch.nn.Linear(4, 2)
 checkpoint.save({str(tmp_path)!r}, 1, model=net, comm=MPI.COMM_SELF)

@@ -23,7 +23,7 @@ import pytest
 from mpi_util import ROOT, case_names, run, script_job
 
 import testbed
-from zcoll import probe
+from zcoll.observe import probe
 
 TESTBED = ROOT / "bench" / "testbed.py"
 PYTHON = [sys.executable, "-m", "mpi4py"]

@@ -1,5 +1,10 @@
 """zcoll: compiled collective communication over MPI for distributed training.
 
+Subpackages by concern; each imports only those before it (tests/test_layers.py checks):
+``core`` (the Communicator over the extension _C), ``compression`` (codecs), ``observe``
+(traces, flight records, probes, step reports, metrics), ``tune`` (cost models and
+``compression="auto"``), ``torch`` (the process group, hooks), ``tools`` (the ``zcoll`` command).
+
     import zcoll
     comm = zcoll.Communicator()             # MPI.COMM_WORLD, duplicated
     comm.allreduce(grad, op="avg", out=grad)
@@ -8,8 +13,6 @@
 """
 from . import _C
 from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
-from .auto_compression import AutoCompression
-from .communicator import ALGORITHMS, OPS, Communicator
 from .compression import (
     CompressionStats,
     Compressor,
@@ -20,6 +23,8 @@ from .compression import (
     Threshold,
     TopK,
 )
+from .core import ALGORITHMS, OPS, Communicator
+from .tune import AutoCompression
 
 __version__ = _C.__version__
 

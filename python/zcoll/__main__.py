@@ -1,6 +1,6 @@
 """``python -m zcoll``: the same as the ``zcoll`` command (``zcoll info`` when given nothing)."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main(sys.argv[1:] or ["info"]))

@@ -77,11 +77,11 @@ def case_averages(ck: Checks):
         "decided within 50 steps",
         f"{auto.decided_step}",
     )
-    ck.check(sorted(auto.path) == sorted(SIZES), "every key decided", f"{auto.path}")
+    ck.check(sorted(auto.guard.path) == sorted(SIZES), "every key decided", f"{auto.guard.path}")
     ck.check(
-        set(auto.calls_by_method) == {"none", *auto.methods}, "every method tried", f"{auto.calls_by_method}"
+        set(auto.calls_by_method) == {"none", *auto.config.methods}, "every method tried", f"{auto.calls_by_method}"
     )
-    ck.same_on_all_ranks("methods", json.dumps(auto.path, sort_keys=True).encode())
+    ck.same_on_all_ranks("methods", json.dumps(auto.guard.path, sort_keys=True).encode())
     for key, n in SIZES.items():
         e = auto.residual(key)
         mine = np.zeros(n) if e is None else e.reshape(-1).astype(np.float64)
@@ -109,7 +109,7 @@ def case_escalates(ck: Checks):
             "int8 -> bf16 within one check interval",
             f"{e}",
         )
-    ck.check(auto.path == {"w": ["int8", "bf16"]}, "in use: bf16", f"{auto.path}")
+    ck.check(auto.guard.path == {"w": ["int8", "bf16"]}, "in use: bf16", f"{auto.guard.path}")
 
 
 def case_refusals(ck: Checks):
@@ -140,7 +140,7 @@ def case_refusals(ck: Checks):
 def case_resumes(ck: Checks):
     keys = {"a": 4099, "b": 65537}
     first = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=5)
-    steps(first, 1 + first.trial_steps + 2, keys)
+    steps(first, 1 + (first.trials.end - first.trials.first) + 2, keys)
     state = first.state_dict()
     ck.check(first.decided_step is not None, "decided", f"{first.decided_step}")
     second = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=5)
@@ -151,9 +151,9 @@ def case_resumes(ck: Checks):
         f"{second._call_step} vs {first._call_step}",
     )
     steps(second, 3, keys, first=second._call_step)
-    ck.check(second.path == first.path, "the decisions kept", f"{second.path} vs {first.path}")
+    ck.check(second.guard.path == first.guard.path, "the decisions kept", f"{second.guard.path} vs {first.guard.path}")
     ck.check(not events(second, "screen"), "no trials again", f"{events(second, 'screen')}")
-    ck.same_on_all_ranks("methods", json.dumps(second.path, sort_keys=True).encode())
+    ck.same_on_all_ranks("methods", json.dumps(second.guard.path, sort_keys=True).encode())
 
 
 run_cases(globals())

@@ -1,4 +1,4 @@
-"""compression="auto" in DDP (zcoll.auto_compression): decisions identical on every rank and made
+"""compression="auto" in DDP (zcoll.tune.auto_compression): decisions identical on every rank and made
 within the trial steps, escalation of a corrupting codec within one check interval (and none
 without the fault), stepping back down, re-deciding on drift, the metrics log, recommend()
 without applying anything.
@@ -75,13 +75,13 @@ def shared_dir():
 
 def case_decisions_identical_on_every_rank(ck: Checks):
     auto = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=4)
-    most = auto.trial_steps  # the screen (2 x 7 steps) and the most a final may take (2 x 4)
+    most = (auto.trials.end - auto.trials.first)  # the screen (2 x 7 steps) and the most a final may take (2 x 4)
     model, state = train(auto, 1 + most + 3)
     (screen,) = events(auto, "screen")
-    ck.check(screen["step"] == 2 * len(auto.methods), "the screen ends after 2 steps a method", f"{screen}")
+    ck.check(screen["step"] == 2 * len(auto.config.methods), "the screen ends after 2 steps a method", f"{screen}")
     finalists = screen["finalists"]
     ck.check(
-        auto.decided_step == 1 + 2 * len(auto.methods) + 2 * len(finalists) <= 1 + most,
+        auto.decided_step == 1 + 2 * len(auto.config.methods) + 2 * len(finalists) <= 1 + most,
         "decided after the screen and a final of two rounds",
         f"{auto.decided_step} {finalists}",
     )
@@ -93,16 +93,16 @@ def case_decisions_identical_on_every_rank(ck: Checks):
             for e in decided
         )
         if len(finalists) > 1
-        else all(set(e["trial_window_s"]) == set(auto.methods) for e in decided),
+        else all(set(e["trial_window_s"]) == set(auto.config.methods) for e in decided),
         "the final's candidates decide on their own steps",
         f"{decided}",
     )
     report = auto.report()
     ck.check(len(report["decisions"]) >= 2, "one decision per bucket", f"{len(report['decisions'])}")
-    ck.check(set(auto.path) == {d["key"] for d in report["decisions"]}, "every bucket decided")
+    ck.check(set(auto.guard.path) == {d["key"] for d in report["decisions"]}, "every bucket decided")
     for e in events(auto, "decision"):
-        ck.check(set(e["measured_trial"]) == set(auto.methods), "every method measured", f"{e}")
-        ck.check(set(e["predicted"]) == set(auto.methods) and e["reason"], "every method predicted, a reason")
+        ck.check(set(e["measured_trial"]) == set(auto.config.methods), "every method measured", f"{e}")
+        ck.check(set(e["predicted"]) == set(auto.config.methods) and e["reason"], "every method predicted, a reason")
     ck.same_on_all_ranks("decisions", json.dumps(report["decisions"], sort_keys=True).encode())
     ck.same_on_all_ranks("model", json.dumps(report["model"], sort_keys=True).encode())
     ck.same_on_all_ranks("parameters", flat(model).numpy().tobytes())
@@ -116,14 +116,14 @@ def case_corrupting_codec_escalates_within_one_interval(ck: Checks):
     model, _ = train(auto, 1 + 2 + every)
     ck.check(auto.decided_step == 3, "decided after the trials", f"{auto.decided_step}")
     up = events(auto, "escalate")
-    ck.check(sorted(e["bucket"] for e in up) == sorted(auto.path), "every bucket escalated", f"{up}")
+    ck.check(sorted(e["bucket"] for e in up) == sorted(auto.guard.path), "every bucket escalated", f"{up}")
     for e in up:
         ck.check(
             e["step"] < auto.decided_step + every and e["previous"] == "int8" and e["method"] == "bf16",
             "int8 -> bf16 within one check interval",
             f"{e}",
         )
-    ck.check(all(p == ["int8", "bf16"] for p in auto.path.values()), "in use: bf16", f"{auto.path}")
+    ck.check(all(p == ["int8", "bf16"] for p in auto.guard.path.values()), "in use: bf16", f"{auto.guard.path}")
     ck.same_on_all_ranks("parameters", flat(model).numpy().tobytes())
 
 
@@ -132,7 +132,7 @@ def case_honest_codecs_do_not_escalate(ck: Checks):
         auto = zcoll.AutoCompression(methods=(method,), trial_repeats=2, check_every=2, drift=math.inf)
         train(auto, 1 + 2 + 8)
         checks = events(auto, "check")
-        ck.check(len(checks) >= 4 * len(auto.path), f"{method}: checked every 2 steps", f"{len(checks)}")
+        ck.check(len(checks) >= 4 * len(auto.guard.path), f"{method}: checked every 2 steps", f"{len(checks)}")
         ck.check(
             not events(auto, "escalate"),
             f"{method}: no escalation without a fault",
@@ -153,14 +153,14 @@ def case_steps_back_down_when_calm(ck: Checks):
         _test_corrupt_fraction=0.01,
     )
     model, state = train(auto, 5)  # decided at 3, escalated at the check of step 4
-    ck.check(all(p[-1] == "bf16" for p in auto.path.values()), "escalated", f"{auto.path}")
-    auto._test_corrupt_fraction = 0.0  # the fault ends
+    ck.check(all(p[-1] == "bf16" for p in auto.guard.path.values()), "escalated", f"{auto.guard.path}")
+    auto.config.test_corrupt_fraction = 0.0  # the fault ends
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i in range(5, 10):  # checks at 6 and 8: two calm ones
         step(model, opt, i)
     down = events(auto, "relax")
     ck.check(
-        len(down) == len(auto.path) and all(e["step"] == 8 and e["method"] == "int8" for e in down),
+        len(down) == len(auto.guard.path) and all(e["step"] == 8 and e["method"] == "int8" for e in down),
         "back to int8 after two calm checks",
         f"{down}",
     )
@@ -174,7 +174,7 @@ def case_residual_bound_escalates(ck: Checks):
     train(auto, 5)  # decided at 3, checked at 4
     up = events(auto, "escalate")
     ck.check(
-        len(up) == len(auto.path) and all(e["method"] == "int4" and e["step"] == 4 for e in up),
+        len(up) == len(auto.guard.path) and all(e["method"] == "int4" and e["step"] == 4 for e in up),
         "sign -> int4 at the first check",
         f"{up} {events(auto, 'check')}",
     )
@@ -191,7 +191,7 @@ def case_trials_start_after_the_hooks_warmup(ck: Checks):
         auto.decided_step == 9, "decided after the trial steps that follow the warm-up", str(auto.report())
     )
     ck.check(
-        sum(auto.calls_by_method.values()) == 5 * len(auto.path) and auto.calls_by_method.get("none", 0) == 0,
+        sum(auto.calls_by_method.values()) == 5 * len(auto.guard.path) and auto.calls_by_method.get("none", 0) == 0,
         "every bucket call after the warm-up went compressed (trials, then the decision)",
         str(auto.calls_by_method),
     )
@@ -207,13 +207,13 @@ def case_guard_times_itself(ck: Checks):
         str(cost),
     )
     ck.check(
-        auto.guard_seconds == sum(e["seconds"] for e in cost) and sum(e["steps"] for e in cost) == 8,
+        auto.guard.seconds == sum(e["seconds"] for e in cost) and sum(e["steps"] for e in cost) == 8,
         "guard_seconds sums them; the steps since the first call are covered once",
-        f"{auto.guard_seconds} {cost}",
+        f"{auto.guard.seconds} {cost}",
     )
     ck.check(
         all(0 < e["cpu_seconds"] <= e["seconds"] + 1e-4 for e in cost)
-        and auto.guard_cpu_seconds == sum(e["cpu_seconds"] for e in cost),
+        and auto.guard.cpu_seconds == sum(e["cpu_seconds"] for e in cost),
         "its CPU time too (the worker thread's: never more than the wall time it was measured in)",
         str(cost),
     )
@@ -240,14 +240,14 @@ def case_redecides_when_the_link_verdict_changes(ck: Checks):
         "re-decided when the verdict changed",
         f"{again} after {len(calls)} diagnoses",
     )
-    ck.check(auto.in_trials(11) and auto.in_trials(14), "trials again")
+    ck.check(11 in auto.trials and 14 in auto.trials, "trials again")
 
 
 def case_redecides_on_drift(ck: Checks):
     auto = zcoll.AutoCompression(
         methods=("none", "int8"), trial_repeats=2, final_rounds=0, check_every=2, drift=0.0
     )
-    auto._another_would_win = lambda per_bucket: True  # judged in test_auto_compression.py
+    auto.drift.another_would_win = lambda *what: True  # judged in test_auto_compression.py
     train(auto, 15)  # decided at 5; drift checks at 6 and 8 -> re-decide; trials 9-12, decided at 13
     again = events(auto, "redecide")
     ck.check(len(again) >= 1 and again[0]["step"] == 8, "re-decided after two drifting checks", f"{again}")
@@ -348,7 +348,7 @@ def case_with_momentum_correction_profiler_and_checkpoint(ck: Checks):
     for i in range(9, 12):
         step(model2, opt2, i)
     ck.check(
-        auto2.path == auto.path, "the resumed hook uses the saved decisions", f"{auto2.path} vs {auto.path}"
+        auto2.guard.path == auto.guard.path, "the resumed hook uses the saved decisions", f"{auto2.guard.path} vs {auto.guard.path}"
     )
     ck.check(torch.equal(flat(model2), want), "resumed bit-exactly")
 

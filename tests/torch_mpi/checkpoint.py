@@ -24,7 +24,7 @@ import zcoll
 import zcoll.torch
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
-from zcoll import checkpoint_files
+from zcoll.core import checkpoint_files
 from zcoll.torch import checkpoint
 
 dist.init_process_group("zcoll")

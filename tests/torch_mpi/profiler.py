@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import zcoll.torch
 from torch.nn.parallel import DistributedDataParallel as DDP
-from zcoll import trace
+from zcoll.observe import trace
 
 GROUPS = zcoll.torch.init_gloo_beside_zcoll()  # gloo is the default group, zcoll a second one
 R, N = dist.get_rank(), dist.get_world_size()
@@ -230,7 +230,7 @@ def case_gloo_model_gets_a_timed_hook(ck: Checks):
     with zcoll.torch.profile(ddp, d, steps=6, warmup=2) as prof:
         train(ddp, 6)
     ck.check(
-        ddp._comm_hooks and ddp._comm_hooks[0][0].__name__ == "timed__average", "hook", f"{ddp._comm_hooks}"
+        ddp._comm_hooks and ddp._comm_hooks[0][0].__name__ == "timed_average_hook", "hook", f"{ddp._comm_hooks}"
     )
     ck.check(prof.analysis.get("backend") == "gloo", "analysed", f"{prof.analysis}")
     if R == 0:
@@ -271,7 +271,7 @@ def case_steps_limit_pause_and_eval_forward(ck: Checks):
         ck.check(all("backward" in s["phases"] for s in steps), "paused and eval steps not recorded")
         gaps = [s["phases"]["data"][1] - s["phases"]["data"][0] for s in steps[1:] if "data" in s["phases"]]
         ck.check(len(gaps) == 4, "data phase after a pause starts afresh", f"{len(gaps)}")
-    ck.check(zcoll.torch.profiler.active is None, "inactive after the block")
+    ck.check(zcoll.torch.tracer.active is None, "inactive after the block")
 
 
 def case_compressed_buckets_report_the_method_and_fewer_bytes(ck: Checks):

@@ -18,6 +18,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
+from .._C import TimeoutError as ZcollTimeoutError
+from .._C import ZcollError
+
 _POLLS_BEFORE_SLEEP = 64
 
 
@@ -88,8 +91,6 @@ def _test_all(requests: List[Any], statuses: List[Any], what: str, peers: Sequen
 def _mpi_error(error: Any, statuses: List[Any], what: str, peers: Sequence[Optional[int]]) -> Exception:
     """zcoll.ZcollError for an MPI error in one of `what`'s messages: which peer, MPI's error
     string, and what a truncation means here."""
-    from .. import ZcollError
-
     MPI = _mpi()
     codes = [(i, s.Get_error()) for i, s in enumerate(statuses)]
     failed = [(i, c) for i, c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)] or [
@@ -130,8 +131,6 @@ def _cancel(requests: List[Any]) -> List[int]:
 
 
 def _expire(requests: List[Any], why: str, what: str, peers: Sequence[Optional[int]]) -> None:
-    from .. import TimeoutError as ZcollTimeoutError
-
     waiting = sorted({_who(peers[i]) for i in _cancel(requests) if i < len(peers)})
     who = ", ".join(waiting) if waiting else "its peers"
     raise ZcollTimeoutError(f"zcoll: {what} {why} waiting for {who}; the unfinished messages were cancelled")

@@ -35,6 +35,8 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
+from .._C import TimeoutError as ZcollTimeoutError
+
 Future = torch.futures.Future
 
 
@@ -100,8 +102,6 @@ class ZcollWork(dist.Work):
             if self._on_timeout is not None:
                 self._on_timeout(reason)  # the running collective fails on every rank
             if not _wait_done(self._future, _ABORT_SECONDS):
-                from .. import TimeoutError as ZcollTimeoutError
-
                 raise ZcollTimeoutError(f"zcoll: {reason} and the operation is still running")
         try:
             self._future.wait()

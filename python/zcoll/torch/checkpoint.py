@@ -63,8 +63,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import numpy as np
 import torch
 
-from .. import checkpoint_files as files
-from ..checkpoint_files import Manifest
+from ..core import checkpoint_files as files
+from ..core.checkpoint_files import Manifest
 from . import _launch
 from .accumulate import AccumulationSchedule
 
@@ -200,6 +200,19 @@ def save(
         )
     comm = comm if comm is not None else _launch.world_comm()
     directory = Path(directory)
+    parts, error = _write_parts(
+        directory, step, comm, model, optimizer, compression_state, schedule, data_position, extra
+    )
+    reports = comm.gather((parts, error), root=0)
+    status, detail = comm.bcast(_commit(directory, step, keep, reports) if comm.rank == 0 else None, root=0)
+    if status != "ok":
+        raise RuntimeError(f"zcoll checkpoint of step {step} in {directory} not saved: {detail}")
+    return Path(detail)
+
+
+def _write_parts(directory: Path, step: int, comm: Any, model: Any, optimizer: Any, compression_state: Any,
+                 schedule: Any, data_position: Any, extra: Any) -> tuple:  # fmt: skip
+    """save()'s step 1: (this rank's part paths, None), or (None, what failed)."""
     try:
         rank_state = {
             "rank": comm.rank,
@@ -218,14 +231,9 @@ def save(
                 "extra": _tensors_for_numpy(extra),
             }
             parts.append(files.write_part(directory, step, "replicated", _serialise(replicated)))
-        error = None
+        return parts, None
     except Exception as e:  # reported to every rank below, so nobody waits for a rank that failed
-        parts, error = None, f"rank {comm.rank}: {type(e).__name__}: {e}"
-    reports = comm.gather((parts, error), root=0)
-    status, detail = comm.bcast(_commit(directory, step, keep, reports) if comm.rank == 0 else None, root=0)
-    if status != "ok":
-        raise RuntimeError(f"zcoll checkpoint of step {step} in {directory} not saved: {detail}")
-    return Path(detail)
+        return None, f"rank {comm.rank}: {type(e).__name__}: {e}"
 
 
 def _commit(directory: Path, step: int, keep: int, reports: List[Any]) -> tuple:
@@ -351,23 +359,35 @@ def load(
         schedule.micro = int(replicated["accumulation"]["micro"])
         schedule._set_sync()
     if compression_state is not None:
-        states = [p["compression"] for p in parts]
-        if any(s is None for s in states):
-            raise ValueError(f"checkpoint {manifest.path} holds no compression state")
-        if old_size == comm.size:
-            compression_state.load_state_dict(states[0])
-        else:
-            compression_state.load_state_dict(_mean_over_ranks(states))
-            if comm.rank == 0:
-                warnings.warn(
-                    f"zcoll checkpoint: saved by {old_size} ranks, resumed on {comm.size}: each rank's "
-                    f"compression state (error-feedback residuals) is the mean of the {old_size} saved ones",
-                    stacklevel=2,
-                )
+        _load_compression(compression_state, manifest, parts, old_size, comm)
     if restore_rng:
-        own = parts[0] if old_size == comm.size else (parts[comm.rank] if comm.rank < old_size else None)
-        if own is not None:
-            _set_rng_state(own["rng"])
+        _restore_rng(parts, old_size, comm)
     return Resumed(
         manifest.path, manifest.step, replicated["data_position"], replicated["extra"], old_size, comm.size
     )
+
+
+def _load_compression(
+    compression_state: Any, manifest: Any, parts: List[Any], old_size: int, comm: Any
+) -> None:
+    """Each rank's saved compression state; on another rank count, the mean of the saved ones."""
+    states = [p["compression"] for p in parts]
+    if any(s is None for s in states):
+        raise ValueError(f"checkpoint {manifest.path} holds no compression state")
+    if old_size == comm.size:
+        compression_state.load_state_dict(states[0])
+    else:
+        compression_state.load_state_dict(_mean_over_ranks(states))
+        if comm.rank == 0:
+            warnings.warn(
+                f"zcoll checkpoint: saved by {old_size} ranks, resumed on {comm.size}: each rank's "
+                f"compression state (error-feedback residuals) is the mean of the {old_size} saved ones",
+                stacklevel=2,
+            )
+
+
+def _restore_rng(parts: List[Any], old_size: int, comm: Any) -> None:
+    """This rank's saved RNG states (none for a rank the saving job did not have)."""
+    own = parts[0] if old_size == comm.size else (parts[comm.rank] if comm.rank < old_size else None)
+    if own is not None:
+        _set_rng_state(own["rng"])

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..auto_compression import AutoCompression, resolve
-from . import profiler as _profiler
+from ..tune.auto_compression import AutoCompression, resolve
+from . import tracer as step_tracer
 from .backend import ProcessGroupZcoll
 from .bucket_state import BucketLayouts
 from .momentum import SPARSIFIERS, MomentumCorrection, default_variance_floor
@@ -200,7 +200,7 @@ class CompressionState:
         masked = True  # mask_sent masks only where the correction was built to (sparsifiers)
         if isinstance(compressor, AutoCompression):
             out = compressor.allreduce(comm, buf, key, *when)  # in place too
-            masked = compressor.method_of.get(key, "none").startswith("top")
+            masked = compressor.residuals.method_of.get(key, "none").startswith("top")
         else:
             out = comm.allreduce(buf, op="avg", compression=compressor, key=key, out=buf)  # in place
         if u is not None and masked:
@@ -308,8 +308,8 @@ def allreduce_hook(
     pg = _zcoll_group(process_group, "allreduce_hook")
     buf, comm = bucket.buffer(), pg.communicator
     run = lambda: comm.allreduce(buf, op="avg", out=buf)  # noqa: E731
-    if _profiler.active is not None:  # the step profiler times the bucket
-        return _profiler.active.bucket(bucket, buf, pg, run, buf)
+    if step_tracer.active is not None:  # the step profiler times the bucket
+        return step_tracer.active.bucket(bucket, buf, pg, run, buf)
     return pg.submit(run, buf).get_future()
 
 
@@ -345,8 +345,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     else:
         comm = pg.communicator
         compressor, run, value = None, (lambda: comm.allreduce(buf, op="avg", out=buf)), buf
-    if _profiler.active is not None:  # the step profiler times the bucket
-        fut = _profiler.active.bucket(bucket, buf, pg, run, value, compressor)
+    if step_tracer.active is not None:  # the step profiler times the bucket
+        fut = step_tracer.active.bucket(bucket, buf, pg, run, value, compressor)
     else:
         fut = pg.submit(run, value).get_future()
     if bucket.is_last():

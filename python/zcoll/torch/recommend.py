@@ -4,7 +4,7 @@ report, without applying it.
 1. When the model's hook is an AutoCompression that has decided (``apply_gradient_compression(ddp,
    "auto")``, or ``state=`` given): its decisions, from this job's trial steps (the same object).
 2. Otherwise (collective over the model's process group): the same calibration and kernel rates
-   ``auto`` starts with (zcoll.auto_compression.calibrate), DDP's current bucket sizes, and the
+   ``auto`` starts with (zcoll.tune.trials.calibrate), DDP's current bucket sizes, and the
    same decision (zcoll.compression_model.decide) from the model without trial steps; with no
    step measured, no overlap is assumed (every bucket's time counts), so it can recommend
    compressing a bucket that ``auto`` would find hidden behind the backward pass.
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .. import compression_model as cm
-from ..auto_compression import AutoCompression, calibrate
-from ..step_model import rebucket
+from ..observe.step_model import rebucket
+from ..tune import compression_model as cm
+from ..tune.auto_compression import AutoCompression
+from ..tune.trials import calibrate
 from .hooks import _zcoll_group
 
 

@@ -54,7 +54,7 @@ class StepFigures:
 
 
 @dataclass
-class Analysis:
+class StepAnalysis:
     """The analysis of one traced model over all ranks."""
 
     model: Dict[str, Any]
@@ -66,7 +66,7 @@ class Analysis:
     link_capacity: Optional[float]
     clocks: List[Dict[str, Any]]
     shapes: List[sm.StepShape] = field(default_factory=list)
-    link: Optional[sm.Link] = None
+    link: Optional[sm.LinkModel] = None
     current: Optional[sm.Config] = None
     verdict: Dict[str, Any] = field(default_factory=dict)
     advice: Dict[str, Any] = field(default_factory=dict)
@@ -180,7 +180,7 @@ def _figures(
     phases = {k: (v[1] - v[0]) * ns for k, v in ph.items() if v[1] is not None}
     duration = (_end(step) - prev_end) * ns
     ring = 2.0 * (ranks - 1) / ranks
-    codec_of = sm.Link(0, 0, 0, "", codecs, ranks).codec_time
+    codec_of = sm.LinkModel(0, 0, 0, "", codecs, ranks).codec_time
     buckets, last_end, hidden = [], None, 0.0
     for b in sorted(step["buckets"], key=lambda b: b["ready"]):
         start = b["start"] if b["start"] is not None else max(b["issued"], last_end or b["issued"])
@@ -304,8 +304,8 @@ def _fill_hooks(shapes: List[sm.Shape]) -> None:
 
 def analyze(
     docs: List[Dict[str, Any]], warmup: int = 3, skipped: Optional[List[str]] = None
-) -> List[Analysis]:
-    """One Analysis per traced model (docs: every rank's trace document, rank order). A model
+) -> List[StepAnalysis]:
+    """One StepAnalysis per traced model (docs: every rank's trace document, rank order). A model
     none of whose steps after the warm-up was recorded completely on every rank is left out,
     the reason appended to `skipped`; ValueError when no model is left."""
     out, reasons = [], []
@@ -324,7 +324,7 @@ def analyze(
 MAX_STEPS = 200  # steps analysed per model (evenly spread); the replays cost time per step
 
 
-def _analyze_model(docs: List[Dict[str, Any]], mid: int, warmup: int) -> Analysis:
+def _analyze_model(docs: List[Dict[str, Any]], mid: int, warmup: int) -> StepAnalysis:
     ranks = docs[0]["size"]
     model = docs[0]["models"][mid]
     per_doc = [d["models"][mid] for d in docs]
@@ -365,7 +365,7 @@ def _analyze_model(docs: List[Dict[str, Any]], mid: int, warmup: int) -> Analysi
         for i in range(len(chosen))
     ]
     link_info = docs[0]["meta"].get("link")
-    a = Analysis(
+    a = StepAnalysis(
         model,
         ranks,
         chosen,
@@ -379,7 +379,7 @@ def _analyze_model(docs: List[Dict[str, Any]], mid: int, warmup: int) -> Analysi
     return a
 
 
-def _fit(a: Analysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> None:
+def _fit(a: StepAnalysis, per_doc: List[Dict[str, Any]], codecs: Dict[str, Any]) -> None:
     """The model's constants and replayable steps, then the verdict and the suggestions."""
     method = a.model.get("compression") or "none"
     used = {b["method"] for figs in a.per_rank for f in figs for b in f.buckets}
@@ -445,7 +445,7 @@ def _rate(bps: Optional[float]) -> str:
     return f"{bps / 1e9:.2f} GB/s" if bps >= 1e9 else f"{bps / 1e6:.1f} MB/s"
 
 
-def format_text(analyses: List[Analysis], where: str = "") -> str:
+def format_text(analyses: List[StepAnalysis], where: str = "") -> str:
     lines: List[str] = []
     for a in analyses:
         lines += _text_one(a, where)
@@ -453,8 +453,8 @@ def format_text(analyses: List[Analysis], where: str = "") -> str:
     return "\n".join(lines)
 
 
-def _text_one(a: Analysis, where: str) -> List[str]:
-    m, R = a.model, range(a.ranks)
+def _text_one(a: StepAnalysis, where: str) -> List[str]:
+    m = a.model
     L = [
         f"zcoll step report{': ' + where if where else ''}",
         (
@@ -464,6 +464,14 @@ def _text_one(a: Analysis, where: str) -> List[str]:
         ),
         f"steps analysed: {len(a.steps)} (steps {a.steps[0]}..{a.steps[-1]})",
     ]
+    for section in (_clock_lines, _per_step_lines, _bucket_lines, _verdict_lines, _advice_lines):
+        L += section(a)
+    return L
+
+
+def _clock_lines(a: StepAnalysis) -> List[str]:
+    """How well the ranks' clocks were aligned."""
+    L: List[str] = []
     starts = [c["start"] for c in a.clocks]
     ends = [c.get("end") for c in a.clocks]
     off0 = ", ".join(f"{s['offset_ns'] / 1e6:+.3f}" for s in starts)
@@ -475,6 +483,13 @@ def _text_one(a: Analysis, where: str) -> List[str]:
         line += f"; at the end they moved by at most {drift:.3f} ms over {span:.1f} s (corrected linearly)"
     L.append(line)
     L.append("")
+    return L
+
+
+def _per_step_lines(a: StepAnalysis) -> List[str]:
+    """Per rank: the phases, communication, overlap, bytes and rates; the slowest rank."""
+    R = range(a.ranks)
+    L: List[str] = []
     L.append("per step, median (ms)" + "".join(f"{'rank ' + str(r):>10}" for r in R))
     rows = (
         [("step", "duration")]
@@ -512,6 +527,12 @@ def _text_one(a: Analysis, where: str) -> List[str]:
             f"{_ms(acc['micro_batch_s'])} ms per micro-batch"
         )
     L.append("")
+    return L
+
+
+def _bucket_lines(a: StepAnalysis) -> List[str]:
+    """Rank 0's buckets: when each was ready, sent and done."""
+    L: List[str] = []
     L.append(
         "buckets, rank 0, median (ms after the backward pass started; codec time estimated from the kernel rates)"
     )
@@ -534,6 +555,12 @@ def _text_one(a: Analysis, where: str) -> List[str]:
         L.append(
             "  (start times inferred: this hook reports no start; the previous bucket's end or the hand-over)"
         )
+    return L
+
+
+def _verdict_lines(a: StepAnalysis) -> List[str]:
+    """The verdict and the model behind it, checked against the measurement."""
+    L: List[str] = []
     v, link = a.verdict, a.link
     L.append("")
     L.append(f"VERDICT: {v['label'].upper()}: {v['reason']}")
@@ -559,6 +586,12 @@ def _text_one(a: Analysis, where: str) -> List[str]:
         "  (each traced step replayed under a setting; mean over ranks, median over steps: docs/profiler.md)"
     )
     L.append("")
+    return L
+
+
+def _advice_lines(a: StepAnalysis) -> List[str]:
+    """The suggestions and the predicted step time of every setting."""
+    L: List[str] = []
     sug = a.advice["suggestions"]
     if not sug:
         L.append(
@@ -595,7 +628,9 @@ PHASE_COLOURS = {
 }
 
 
-def plot_timeline(docs: List[Dict[str, Any]], analyses: List[Analysis], path: Any, steps: int = 3) -> None:
+def plot_timeline(
+    docs: List[Dict[str, Any]], analyses: List[StepAnalysis], path: Any, steps: int = 3
+) -> None:
     """A PNG: for each rank a compute lane (phases) and a communication lane (buckets, ready
     marks), over `steps` consecutive analysed steps around the median step, rank 0's clock."""
     import matplotlib

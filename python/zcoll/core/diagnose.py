@@ -78,7 +78,7 @@ def from_rows(rows: np.ndarray) -> LinkStats:
     offset = [int(rows[0, _HEAD + r]) for r in range(p)]  # clock_r - clock_0, measured by rank 0
     shift = [base[r] - offset[r] for r in range(p)]  # rank r's relative time -> rank 0's clock
     calls = [int(rows[r, 1]) for r in range(p)]
-    peer = rows[:, _HEAD + p:].reshape(p, p, _PER_PEER)  # peer[i, j] = rank i's sums about rank j
+    peer = rows[:, _HEAD + p :].reshape(p, p, _PER_PEER)  # peer[i, j] = rank i's sums about rank j
 
     arrival = np.full(p, np.nan)
     seconds = np.full(p, np.nan)
@@ -140,14 +140,70 @@ class Thresholds:
     min_link_bytes: int = 256 * 1024  # per window
 
 
-def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresholds = Thresholds()) -> Verdict:
+def classify(
+    stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresholds = Thresholds()
+) -> Verdict:
     """The verdict of one window (no hysteresis: see Diagnoser)."""
     p = stats.ranks
     nodes = list(range(p)) if nodes is None else list(nodes)
     if stats.calls < t.min_calls:
-        return Verdict("unknown", evidence=f"{stats.calls} collectives in the window, fewer than {t.min_calls}")
+        return Verdict(
+            "unknown", evidence=f"{stats.calls} collectives in the window, fewer than {t.min_calls}"
+        )
 
     # 1. a late rank
+    late = _late_rank(stats, t)
+    if late is not None:
+        return late
+    delay = np.nan_to_num(stats.arrival_delay)
+    k = int(np.argmax(delay))
+
+    # 2-3. links: time per byte against the lower quartile of the link's tier
+    active, slowness = _link_slowness(stats, nodes, t)
+    slow = [
+        (i, j)
+        for i in range(p)
+        for j in range(p)
+        if np.isfinite(slowness[i, j]) and slowness[i, j] >= t.link_threshold
+    ]
+    details = {"slowness": slowness.tolist(), "gbps": stats.gbps.tolist()}
+    if not slow:
+        worst = np.nanmax(slowness) if np.isfinite(slowness).any() else float("nan")
+        return Verdict(
+            "healthy",
+            evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), no link slower "
+            f"than {t.link_threshold:g}x its tier (slowest {worst:.2f}x)",
+            details=details,
+        )
+
+    def rate(i: int, j: int) -> str:
+        return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
+
+    best = _slowest_node(slow, slowness, active, nodes, t)
+    if best is not None:
+        _, node, direction, links = best
+        return Verdict(
+            "slow node",
+            rank=min(r for r in range(p) if nodes[r] == node),
+            node=node,
+            evidence=f"all {len(links)} of its {direction}going links are slow: "
+            + ", ".join(rate(i, j) for i, j in links),
+            details=details,
+        )
+    i, j = max(slow, key=lambda l: slowness[l])
+    return Verdict(
+        "slow link",
+        link=(i, j),
+        evidence=rate(i, j)
+        + " than its tier's lower quartile; slow links: "
+        + ", ".join(f"{a}->{b}" for a, b in slow),
+        details=details,
+    )
+
+
+def _late_rank(stats: LinkStats, t: Thresholds) -> Optional[Verdict]:
+    """A rank that arrives late enough, and much later than the next latest, to be the cause."""
+    p = stats.ranks
     delay = np.nan_to_num(stats.arrival_delay)
     k = int(np.argmax(delay))
     others = [r for r in range(p) if r != k]
@@ -155,13 +211,22 @@ def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresho
     second = float(np.max(delay[others])) if others else 0.0
     if delay[k] > max(t.rank_floor, t.rank_threshold * call) and delay[k] > 2 * second:
         return Verdict(
-            "slow rank", rank=k,
+            "slow rank",
+            rank=k,
             evidence=f"arrives {delay[k] * 1e3:.2f} ms after the earliest rank on average, the others spend "
-                     f"{call * 1e3:.2f} ms in a call (next latest rank: {second * 1e3:.2f} ms late)",
-            details={"arrival_delay": stats.arrival_delay.tolist(), "call_seconds": stats.call_seconds.tolist()},
+            f"{call * 1e3:.2f} ms in a call (next latest rank: {second * 1e3:.2f} ms late)",
+            details={
+                "arrival_delay": stats.arrival_delay.tolist(),
+                "call_seconds": stats.call_seconds.tolist(),
+            },
         )
+    return None
 
-    # 2-3. links: time per byte against the lower quartile of the link's tier
+
+def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[np.ndarray, np.ndarray]:
+    """Which links carried enough to judge, and each one's time per byte over the lower quartile
+    of its tier's (links inside a node, links between nodes)."""
+    p = stats.ranks
     active = (stats.bytes >= t.min_link_bytes) & np.isfinite(stats.busy) & (stats.busy > 0)
     per_byte = np.where(active, stats.busy / np.maximum(stats.bytes, 1), np.nan)
     same_node = np.array([[nodes[i] == nodes[j] for j in range(p)] for i in range(p)])
@@ -171,20 +236,16 @@ def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresho
         np.fill_diagonal(mask, False)
         if mask.sum() >= 2:
             slowness[mask] = per_byte[mask] / np.percentile(per_byte[mask], 25)
-    slow = [(i, j) for i in range(p) for j in range(p) if np.isfinite(slowness[i, j]) and slowness[i, j] >= t.link_threshold]
-    details = {"slowness": slowness.tolist(), "gbps": stats.gbps.tolist()}
-    if not slow:
-        worst = np.nanmax(slowness) if np.isfinite(slowness).any() else float("nan")
-        return Verdict("healthy", evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), no link slower "
-                                           f"than {t.link_threshold:g}x its tier (slowest {worst:.2f}x)", details=details)
+    return active, slowness
 
-    def rate(i: int, j: int) -> str:
-        return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
 
-    # a node: every one of its outgoing (or incoming) links slower than node_threshold, and no
-    # link that avoids it slower than link_threshold; the node whose links are slowest wins
-    # (outgoing first: between two nodes, one's slow egress is the other's slow ingress, and
-    # shaping happens on egress)
+def _slowest_node(slow: List[Tuple[int, int]], slowness: np.ndarray, active: np.ndarray, nodes: List[Any],
+                  t: Thresholds) -> Optional[Tuple[float, Any, str, List[Tuple[int, int]]]]:  # fmt: skip
+    """A node: every one of its outgoing (or incoming) links slower than node_threshold, and no
+    link that avoids it slower than link_threshold; the node whose links are slowest wins
+    (outgoing first: between two nodes, one's slow egress is the other's slow ingress, and
+    shaping happens on egress). (slowness of its weakest link, node, "out" or "in", its links)."""
+    p = len(nodes)
     best: Optional[Tuple[float, Any, str, List[Tuple[int, int]]]] = None
     for direction in ("out", "in"):
         for node in sorted(set(nodes), key=str):
@@ -200,15 +261,7 @@ def classify(stats: LinkStats, nodes: Optional[Sequence[Any]] = None, t: Thresho
             weakest = min(slowness[l] for l in links)
             if weakest >= t.node_threshold and (best is None or weakest > best[0]):
                 best = (weakest, node, direction, links)
-    if best is not None:
-        _, node, direction, links = best
-        return Verdict(
-            "slow node", rank=min(r for r in range(p) if nodes[r] == node), node=node,
-            evidence=f"all {len(links)} of its {direction}going links are slow: " + ", ".join(rate(i, j) for i, j in links),
-            details=details)
-    i, j = max(slow, key=lambda l: slowness[l])
-    return Verdict("slow link", link=(i, j), evidence=rate(i, j) + f" than its tier's lower quartile; slow links: "
-                   + ", ".join(f"{a}->{b}" for a, b in slow), details=details)
+    return best
 
 
 def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
@@ -228,8 +281,16 @@ def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
     busy = memory * np.nan_to_num(old.busy) + np.nan_to_num(new.busy)
     busy[messages == 0] = np.nan
     with np.errstate(invalid="ignore", divide="ignore"):
-        return LinkStats(int(round(total)), nbytes, messages, busy, busy / messages, nbytes / busy / 1e9,
-                         mean(old.arrival_delay, new.arrival_delay), mean(old.call_seconds, new.call_seconds))
+        return LinkStats(
+            int(round(total)),
+            nbytes,
+            messages,
+            busy,
+            busy / messages,
+            nbytes / busy / 1e9,
+            mean(old.arrival_delay, new.arrival_delay),
+            mean(old.call_seconds, new.call_seconds),
+        )
 
 
 class Diagnoser:
@@ -238,8 +299,15 @@ class Diagnoser:
     current one only after `confirm` consecutive windows gave it; each change is logged once
     (logging, "zcoll")."""
 
-    def __init__(self, nodes: Optional[Sequence[Any]] = None, confirm: int = 3, memory: float = 0.5,
-                 thresholds: Thresholds = Thresholds(), name: str = "zcoll", quiet: bool = False):
+    def __init__(
+        self,
+        nodes: Optional[Sequence[Any]] = None,
+        confirm: int = 3,
+        memory: float = 0.5,
+        thresholds: Thresholds = Thresholds(),
+        name: str = "zcoll",
+        quiet: bool = False,
+    ):
         self.nodes = nodes
         self.confirm = confirm
         self.memory = memory
@@ -268,7 +336,9 @@ class Diagnoser:
             self._candidate, self._streak = verdict, 1
         if self._streak >= self.confirm:
             if not self.quiet:
-                log.warning("%s: link diagnosis changed from %s to %s", self.name, self.current.label, verdict)
+                log.warning(
+                    "%s: link diagnosis changed from %s to %s", self.name, self.current.label, verdict
+                )
             self.current = verdict
             self._candidate, self._streak = None, 0
         return self.current

@@ -1,7 +1,7 @@
-"""The per-bucket cost model and decision behind ``compression="auto"`` (zcoll.auto_compression)
+"""The per-bucket cost model and decision behind ``compression="auto"`` (zcoll.tune.auto_compression)
 and ``zcoll.torch.recommend``: which method each DDP bucket should travel with.
 
-Model (the terms of zcoll.step_model.Link, the step model of ``zcoll report``, per bucket):
+Model (the terms of zcoll.observe.step_model.LinkModel, the step model of ``zcoll report``, per bucket):
 
 1. time(method, bucket b of n dense bytes) = alpha_m + offset_b + pair_mb
                                              + max(beta * wire(method, n), codec(method, n))
@@ -39,25 +39,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .step_model import Link, fit_link
+from ..compression.methods import METHODS, make_compressor
+from ..observe.step_model import LinkModel, fit_link
 
-# name -> (how a report spells it, constructor(zcoll module) with error feedback on)
-METHODS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
-    "bf16": (
-        "zcoll.HalfPrecision('bf16', error_feedback=True)",
-        lambda z: z.HalfPrecision("bf16", error_feedback=True),
-    ),
-    "fp16": ("zcoll.HalfPrecision('fp16')", lambda z: z.HalfPrecision("fp16")),
-    "int8": ("zcoll.GradientQuantizer(bits=8)", lambda z: z.GradientQuantizer(bits=8)),
-    "int4": ("zcoll.GradientQuantizer(bits=4)", lambda z: z.GradientQuantizer(bits=4)),
-    "sign": ("zcoll.GradientQuantizer(bits=1)", lambda z: z.GradientQuantizer(bits=1)),
-    "top10%": ("zcoll.TopK(ratio=0.1)", lambda z: z.TopK(ratio=0.1)),
-    "top1%": ("zcoll.TopK(ratio=0.01)", lambda z: z.TopK(ratio=0.01)),
-}
 # Least lossy first; what "auto" tries (fp16 is left out: bf16 cannot overflow).
 LOSSINESS = ("none", "bf16", "int8", "int4", "top10%", "sign", "top1%")
 CANDIDATES = LOSSINESS
@@ -90,19 +78,11 @@ def with_escalations(methods: Sequence[str]) -> Tuple[str, ...]:
     return tuple(out)
 
 
-def make_compressor(method: str) -> Any:
-    import zcoll
-
-    if method not in METHODS:
-        raise ValueError(f"unknown compression method {method!r}; known: none, {', '.join(METHODS)}")
-    return METHODS[method][1](zcoll)
-
-
 @dataclass
 class CostModel:
     """time(method, dense bytes) of one bucket's allreduce (see the module docstring)."""
 
-    link: Link
+    link: LinkModel
     alpha: Dict[str, float] = field(default_factory=dict)  # fitted per-call cost per method
     offset: Dict[str, float] = field(default_factory=dict)  # fitted per bucket (its place in the step)
     # what a measured (method, bucket) pair took beyond transfer + alpha + offset: the terms above
@@ -119,7 +99,11 @@ class CostModel:
         its burst rate, faster than the calibration's large allreduces); any other pair by the
         additive terms, never less than its kernels plus the smallest allreduce (the fitted
         terms are negative where the calibration overestimated the transfer)."""
-        t = self.transfer(method, nbytes) + self.alpha.get(method, self.link.alpha) + self.offset.get(key, 0.0)
+        t = (
+            self.transfer(method, nbytes)
+            + self.alpha.get(method, self.link.alpha)
+            + self.offset.get(key, 0.0)
+        )
         if (method, key) in self.pair:
             return t + self.pair[(method, key)]
         return max(t, self.link.codec_time(method, nbytes) + self.link.alpha)
@@ -147,7 +131,7 @@ def fit(
     trials: Optional[Dict[str, Sequence[Tuple[str, float, float]]]] = None,
 ) -> CostModel:
     """The model from the calibration (dense bytes, bytes sent, seconds) of uncompressed
-    allreduces, the codec rates (format of Link.codecs) and, when given, the trial measurements
+    allreduces, the codec rates (format of LinkModel.codecs) and, when given, the trial measurements
     {method: [(bucket key, dense bytes, seconds)]}: what the measurements took beyond the
     transfer term, split additively into a per-call cost per method and an offset per bucket
     (what its place in the step adds: the computation it competes with for the cores), by
@@ -452,7 +436,7 @@ def codec_rates(
 ) -> Dict[str, Dict[str, Any]]:
     """Local: seconds per dense byte to encode and decode each method on a sample of float32
     gradients (the best of `repeats`), its payload bytes per dense byte, and how its allreduce
-    exchanges (ring of payloads, or allgather of top-k pairs); the format of Link.codecs."""
+    exchanges (ring of payloads, or allgather of top-k pairs); the format of LinkModel.codecs."""
     x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     out = np.empty_like(x)
     rates: Dict[str, Dict[str, Any]] = {}
@@ -474,6 +458,6 @@ def codec_rates(
             "decode_s_per_byte": min(dec) / x.nbytes,
             "payload_ratio": payload.nbytes / x.nbytes,
             "exchange": "allgather" if type(c).__name__ == "TopK" else "ring",
-            "constructor": METHODS[m][0],
+            "constructor": METHODS[m].spelling,
         }
     return rates

@@ -8,6 +8,7 @@ result when no ``out`` is given, and what is returned.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import weakref
@@ -15,7 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _C
+from .. import _C
+from .diagnose import Diagnoser, from_rows
 
 # Names, in C++'s order (csrc/common/dtype.h, csrc/collectives/options.h).
 OPS = tuple(_C.ReduceOp.__members__)
@@ -65,19 +67,28 @@ def new_like(x: Any, shape: Optional[tuple] = None) -> Any:
     return np.empty(xshape if shape is None else shape, dtype)
 
 
-_COMPRESSION_TYPES: tuple = ()
+# Compressions named by a string (compression="auto"): the layer that implements one registers
+# its factory when it is imported (zcoll's __init__ imports them all), so this layer imports
+# nothing above it. A compression object is anything with
+# ``_allreduce(comm, x, out, op, algorithm, key)`` (zcoll.compression's codecs, AutoCompression).
+_NAMED_COMPRESSIONS: dict = {}
 
 
-def _compression_types() -> tuple:
-    """(Compressor, AutoCompression), imported once (an import inside a function costs ~3 us a
-    call; at module level it would be circular)."""
-    global _COMPRESSION_TYPES
-    if not _COMPRESSION_TYPES:
-        from .auto_compression import AutoCompression
-        from .compression import Compressor
+def register_named_compression(name: str, factory: Any) -> None:
+    """``compression=name`` makes ``factory()`` once per communicator and uses it from then on."""
+    _NAMED_COMPRESSIONS[name] = factory
 
-        _COMPRESSION_TYPES = (Compressor, AutoCompression)
-    return _COMPRESSION_TYPES
+
+PROBE_FORMAT = "zcoll-probe/1"  # the probe.json that `zcoll probe` writes (zcoll.observe.probe)
+
+
+def read_probe_bandwidth(path: Any) -> np.ndarray:
+    """The (P, P) bytes/s matrix of a probe.json (NaN where not measured)."""
+    with open(path) as f:
+        d = json.load(f)
+    if d.get("format") != PROBE_FORMAT:
+        raise ValueError(f"{path}: not a zcoll probe result (format {d.get('format')!r}, expected {PROBE_FORMAT!r})")
+    return np.array([[np.nan if v is None else v for v in row] for row in d["bandwidth_bytes_per_s"]], float)
 
 
 class Communicator(_C.Comm):
@@ -100,7 +111,7 @@ class Communicator(_C.Comm):
     is garbage-collected unfreed warns (ResourceWarning) and leaks its MPI communicator.
 
     ``topology``: the links between its ranks as measured by ``zcoll probe`` (a
-    ``zcoll.probe.ProbeResult``, the path of its probe.json, or a size x size matrix of bytes/s,
+    ``zcoll.observe.probe.ProbeResult``, the path of its probe.json, or a size x size matrix of bytes/s,
     row sends to column), for algorithm ``ordered_ring`` and ``auto`` (see ``set_topology``).
     ``ZCOLL_TOPOLOGY=probe.json`` does the same for every communicator of a job.
 
@@ -146,11 +157,11 @@ class Communicator(_C.Comm):
     def set_topology(self, topology: Any) -> None:
         """Orders algorithm ``ordered_ring`` by measured link bandwidths (and lets ``auto`` use it).
 
-        topology: a ``zcoll.probe.ProbeResult`` (``zcoll.probe.load(path)`` or
-        ``zcoll.probe.measure(comm)``), the path of a probe.json, or a (size, size) array of
+        topology: a ``zcoll.observe.probe.ProbeResult`` (``zcoll.observe.probe.load(path)`` or
+        ``zcoll.observe.probe.measure(comm)``), the path of a probe.json, or a (size, size) array of
         bytes/s (row i sends to column j; the diagonal is ignored); None forgets it. The ring
         order kept is the one whose slowest hop is fastest (``ring_order``, from rank 0), the
-        criterion of ``zcoll.topology.best_cycle`` (``zcoll._C.best_ring_order(matrix)``); ``ring_gain`` says how much faster that hop is than
+        criterion of ``zcoll._C.best_ring_order(matrix)``; ``ring_gain`` says how much faster that hop is than
         rank order's slowest. ``auto`` runs the ordered ring when ring_gain >= 1.25 and no other
         rule applies first. Every rank must pass the same matrix (with check=True or ZCOLL_CHECK=1
         an ``ordered_ring`` call on ranks that disagree raises MismatchError on every rank).
@@ -161,9 +172,7 @@ class Communicator(_C.Comm):
             self._set_topology([])
             return
         if isinstance(topology, (str, os.PathLike)):
-            from . import probe
-
-            topology = probe.load(topology)
+            topology = read_probe_bandwidth(topology)
         matrix = getattr(topology, "bandwidth", topology)
         bw = np.asarray(matrix, dtype=np.float64)
         if bw.shape != (self.size, self.size):
@@ -220,7 +229,7 @@ class Communicator(_C.Comm):
             comm.allreduce(bucket.buffer(), op="avg", compression=q, key=str(bucket.index()))
 
         compression="auto" (or a zcoll.AutoCompression): each key's method measured and chosen
-        over the first training steps, then guarded (zcoll.auto_compression), for a loop without
+        over the first training steps, then guarded (zcoll.tune.auto_compression), for a loop without
         DDP: call every key once per step, in the same order on every rank (a step ends where a
         key comes again); op "avg", float32. ``comm.auto_compression`` holds its decisions::
 
@@ -239,19 +248,19 @@ class Communicator(_C.Comm):
     def auto_compression(self) -> Any:
         """The zcoll.AutoCompression that ``compression="auto"`` uses on this communicator (its
         decisions, report(), state_dict()); None before the first such call."""
-        return getattr(self, "_auto_compression", None)
+        return self.__dict__.get("_named_compressions", {}).get("auto")
 
     def _compressor(self, compression: Any) -> Any:
-        if isinstance(compression, str) and compression == "auto":
-            if self.auto_compression is None:
-                from .auto_compression import resolve
-
-                self._auto_compression = resolve(compression)
-            return self._auto_compression
-        if not isinstance(compression, _compression_types()):
+        if isinstance(compression, str) and compression in _NAMED_COMPRESSIONS:
+            named = self.__dict__.setdefault("_named_compressions", {})
+            if compression not in named:
+                named[compression] = _NAMED_COMPRESSIONS[compression]()
+            return named[compression]
+        if not callable(getattr(compression, "_allreduce", None)):
+            names = ", ".join(f'"{n}"' for n in sorted(_NAMED_COMPRESSIONS))
             raise TypeError(
                 "compression must be a zcoll compressor (GradientQuantizer, TopK, RandomK, Threshold, "
-                f'HalfPrecision), a zcoll.AutoCompression or "auto", got {compression!r}'
+                f"HalfPrecision), a zcoll.AutoCompression or one of {names}, got {compression!r}"
             )
         return compression
 
@@ -287,8 +296,6 @@ class Communicator(_C.Comm):
         and ``gbps`` as p x p numpy arrays (row = sender), ``arrival_delay`` and ``call_seconds``
         per rank, ``calls``. ``reset=True`` starts a new window afterwards. See zcoll.diagnose;
         ``telemetry = False`` (or ZCOLL_TELEMETRY=0) stops the timing."""
-        from .diagnose import from_rows
-
         return from_rows(self._link_stats_rows(reset))
 
     def diagnose(self, nodes: Any = None, reset: bool = True) -> Any:
@@ -299,8 +306,6 @@ class Communicator(_C.Comm):
         steps).
         nodes[r]: rank r's node (default: the communicator's node_of(r) where the transport
         knows nodes, ZCOLL_NODE_ID; else each rank its own)."""
-        from .diagnose import Diagnoser
-
         if nodes is None and hasattr(self, "node_of"):
             nodes = [self.node_of(r) for r in range(self.size)]
         if getattr(self, "_diagnoser", None) is None or (

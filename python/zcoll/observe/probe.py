@@ -28,7 +28,7 @@ ranks: shared memory within a node, the network between nodes):
 4. Nodes from zcoll's Communicator (MPI's shared memory, or ZCOLL_NODE_ID); hosts are the
    ZCOLL_NODE_ID values where set, else MPI's processor names.
 
-Analysis (zcoll.topology, no MPI): links, tiers, hotspots, slow nodes and a placement suggestion;
+Analysis (zcoll.observe.placement, no MPI): links, tiers, hotspots, slow nodes and a placement suggestion;
 the rules are in that module's docstring.
 
 Outputs (probe_report.py): the report on rank 0's stdout, and in --out (default zcoll-probe/):
@@ -39,14 +39,14 @@ machinefile (hydra `-f`) and rankfile (Open MPI `--rankfile`).
 
 From Python::
 
-    import zcoll.probe
-    r = zcoll.probe.load("zcoll-probe/probe.json")
+    import zcoll.observe.probe
+    r = zcoll.observe.probe.load("zcoll-probe/probe.json")
     r.bandwidth          # (P, P) numpy, bytes/s from row rank to column rank, NaN diagonal
     r.latency            # (P, P) seconds one way (min), r.latency_median likewise
     r.node_of, r.nodes   # node per rank; ranks per node
-    r.tiers, r.hotspots  # zcoll.topology.Tier / Hotspot lists
-    r.analysis.placement # zcoll.topology.Placement or None
-    zcoll.topology.best_cycle(r.bandwidth)  # a ring order whose slowest hop is fastest
+    r.tiers, r.hotspots  # zcoll.observe.placement.Tier / Hotspot lists
+    r.analysis.placement # zcoll.observe.placement.Placement or None
+    zcoll._C.best_ring_order(r.bandwidth)  # a ring order whose slowest hop is fastest
 
 or in a running job, collectively: ``r = zcoll.probe.measure(comm)`` (every rank gets it).
 """
@@ -61,9 +61,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import topology
+from .. import _C
+from ..core.communicator import PROBE_FORMAT, Communicator
+from . import placement
 
-FORMAT = "zcoll-probe/1"
+FORMAT = PROBE_FORMAT
 _TAG_LATENCY, _TAG_DATA, _TAG_CONTROL = 11, 12, 13
 
 
@@ -92,23 +94,23 @@ class ProbeResult:
     memcpy: np.ndarray  # (P,) bytes/s
     options: Dict[str, Any] = field(default_factory=dict)
     info: Dict[str, Any] = field(default_factory=dict)  # MPI library, date, seconds taken
-    analysis: Optional[topology.Analysis] = None
+    analysis: Optional[placement.TopologyAnalysis] = None
 
     @property
     def nodes(self) -> List[List[int]]:
         return [[r for r in range(self.size) if self.node_of[r] == k] for k in range(max(self.node_of) + 1)]
 
     @property
-    def tiers(self) -> List[topology.Tier]:
+    def tiers(self) -> List[placement.Tier]:
         return self.analysis.tiers if self.analysis else []
 
     @property
-    def hotspots(self) -> List[topology.Hotspot]:
+    def hotspots(self) -> List[placement.Hotspot]:
         return self.analysis.hotspots if self.analysis else []
 
     def analyse(self, **rules) -> "ProbeResult":
         """(Re)computes the analysis; rules: gap, min_share, ratio, traffic, traffic_name."""
-        self.analysis = topology.analyse(self.bandwidth, self.latency, self.node_of, self.hosts, **rules)
+        self.analysis = placement.analyse(self.bandwidth, self.latency, self.node_of, self.hosts, **rules)
         return self
 
     def to_dict(self) -> dict:
@@ -147,12 +149,12 @@ class ProbeResult:
         a = d.get("analysis")
         if a is not None:
             place = a["placement"]
-            r.analysis = topology.Analysis(
-                [topology.Link(**{**l, "pairs": [tuple(p) for p in l["pairs"]]}) for l in a["links"]],
-                [topology.Tier(**t) for t in a["tiers"]],
-                [topology.Hotspot(**{**h, "pairs": [tuple(p) for p in h["pairs"]]}) for h in a["hotspots"]],
+            r.analysis = placement.TopologyAnalysis(
+                [placement.MeasuredLink(**{**l, "pairs": [tuple(p) for p in l["pairs"]]}) for l in a["links"]],
+                [placement.Tier(**t) for t in a["tiers"]],
+                [placement.Hotspot(**{**h, "pairs": [tuple(p) for p in h["pairs"]]}) for h in a["hotspots"]],
                 list(a["slow_nodes"]),
-                None if place is None else topology.Placement(**{
+                None if place is None else placement.Placement(**{
                     **place, "current_hop": tuple(place["current_hop"]),
                     "suggested_hop": tuple(place["suggested_hop"])}),
                 dict(a.get("rules", {})),
@@ -297,10 +299,7 @@ def measure(comm=None, options: Optional[Options] = None, progress: Optional[Cal
     """Measures every directed pair (collective over the mpi4py communicator `comm`, default
     COMM_WORLD) and analyses it (rules: see ProbeResult.analyse). Every rank gets the result.
     progress(line) is called on rank 0 as each step starts."""
-    from mpi4py import MPI
-
-    from . import _C
-    from .communicator import Communicator
+    from mpi4py import MPI  # (initialises MPI: not at import)
 
     opt = options or Options()
     parent = MPI.COMM_WORLD if comm is None else comm
@@ -366,49 +365,3 @@ def _measure(comm, opt: Options, node_of, progress, node_id: str, rules) -> Prob
         result.analyse(**rules)
         say(f"probe: measured in {result.info['seconds']} s")
     return ProbeResult.from_dict(comm.bcast(result.to_dict() if result else None, root=0))
-
-
-# -- the command -----------------------------------------------------------------------------------
-def add_arguments(p) -> None:
-    """The options of `zcoll probe` (an argparse parser)."""
-    p.add_argument("--out", default="zcoll-probe", help="directory for the files (default zcoll-probe)")
-    p.add_argument("--message-bytes", type=int, default=1 << 20, help="bandwidth message size (default 1 MiB)")
-    p.add_argument("--window", type=int, default=8, help="bandwidth messages in flight (default 8)")
-    p.add_argument("--budget", type=float, default=0.3, help="seconds per direction of a pair (default 0.3)")
-    p.add_argument("--repeats", type=int, default=2, help="bandwidth streams per direction, the fastest counts (default 2)")
-    p.add_argument("--latency-iters", type=int, default=100, help="ping-pongs per pair (default 100)")
-    p.add_argument("--serial", action="store_true", help="one pair at a time, even on different nodes")
-    p.add_argument("--tier-gap", type=float, default=2.0, help="cut tiers where bandwidth drops this factor (default 2)")
-    p.add_argument("--tier-min-share", type=float, default=0.25,
-                   help="smaller groups of a kind's links join the nearest tier (default 0.25)")
-    p.add_argument("--hotspot-ratio", type=float, default=0.7,
-                   help="a link below this times its tier's median is a hotspot (default 0.7)")
-    p.add_argument("--traffic", help="CSV of a PxP traffic matrix (bytes rank i sends to j) for the placement; "
-                   "default: a ring in rank order")
-    p.add_argument("--from", dest="source", metavar="PROBE_JSON",
-                   help="analyse a saved probe.json again (no MPI, no measurement)")
-    p.add_argument("--no-png", action="store_true", help="no heatmap.png")
-    p.add_argument("--no-html", action="store_true", help="no report.html")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-
-
-def main(args) -> int:
-    """`zcoll probe` (see add_arguments); rank 0 prints and writes."""
-    from . import probe_report
-
-    traffic = np.loadtxt(args.traffic, delimiter=",", ndmin=2) if args.traffic else None
-    rules = dict(gap=args.tier_gap, min_share=args.tier_min_share, ratio=args.hotspot_ratio, traffic=traffic,
-                 traffic_name=Path(args.traffic).name if args.traffic else "ring in rank order")
-    if args.source:
-        result, rank = load(args.source).analyse(**rules), 0
-    else:
-        from mpi4py import MPI
-
-        opt = Options(args.message_bytes, args.window, args.budget, args.repeats, args.latency_iters,
-                      serial=args.serial)
-        progress = None if args.quiet else (lambda line: print(line, flush=True))
-        result, rank = measure(MPI.COMM_WORLD, opt, progress, **rules), MPI.COMM_WORLD.rank
-    if rank == 0:
-        written = probe_report.write_outputs(result, Path(args.out), png=not args.no_png, page=not args.no_html)
-        print(probe_report.format_report(result, written), flush=True)
-    return 0

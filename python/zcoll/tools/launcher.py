@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from . import checkpoint_files
+from .. import _C
+from ..core import checkpoint_files
 
 HEALTH_CHECK_TIMEOUT = 60.0
 
@@ -246,8 +247,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _C
-
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise SystemExit("zcoll run: no program given; usage: zcoll run -n 4 -- python train.py")

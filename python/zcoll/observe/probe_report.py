@@ -12,8 +12,8 @@ from typing import List
 
 import numpy as np
 
+from .placement import Placement, node_smoothed
 from .probe import ProbeResult
-from .topology import Placement, node_smoothed
 
 
 def _rank_label(r: ProbeResult, i: int) -> str:

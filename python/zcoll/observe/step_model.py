@@ -56,7 +56,7 @@ MIB = 1 << 20
 
 
 @dataclass
-class Link:
+class LinkModel:
     """Communication constants of one run (seconds, bytes)."""
 
     alpha: float  # per call
@@ -169,7 +169,7 @@ def rebucket(params: Tuple[int, ...], first_cap: float, cap: float) -> Tuple[np.
     return np.array(sizes, dtype=float), np.array(ends, dtype=float)
 
 
-def _plan(params: Tuple[int, ...], link: Link, cfg: Config) -> Tuple[np.ndarray, np.ndarray]:
+def _plan(params: Tuple[int, ...], link: LinkModel, cfg: Config) -> Tuple[np.ndarray, np.ndarray]:
     """The buckets of cfg: cumulative bytes at each one's end, and each one's time beyond alpha."""
     sizes, ends = rebucket(params, cfg.first_cap, cfg.cap)
     wire = np.array([link.wire(cfg.method, n) for n in sizes])
@@ -209,7 +209,7 @@ def simulate(step: StepShape, plan: Tuple[np.ndarray, np.ndarray], cfg: Config) 
     return sum(times) / len(times)
 
 
-def predict(steps: Sequence[StepShape], link: Link, cfg: Config) -> float:
+def predict(steps: Sequence[StepShape], link: LinkModel, cfg: Config) -> float:
     """The step time under cfg: the median over the replayed steps."""
     plan = _plan(steps[0].ranks[0].params, link, cfg)
     return float(np.median([simulate(s, plan, cfg) for s in steps]))
@@ -223,14 +223,14 @@ def fit_link(
     ranks: int,
     calibration: Optional[Dict[str, Any]],
     capacity: Optional[float],
-) -> Link:
+) -> LinkModel:
     """alpha and beta (see the module docstring) from traced buckets (dense bytes, bytes sent,
     seconds), the start-up calibration points and the probed capacity (bytes/s)."""
     pts = np.array(points, dtype=float).reshape(-1, 3)
     dense, x, c = pts[:, 0], pts[:, 1], pts[:, 2]
     ring = 2.0 * (ranks - 1) / ranks
     wire_per_byte = float(np.median(x / np.maximum(dense, 1))) if len(pts) else ring
-    link = Link(0.0, 0.0, wire_per_byte, method, dict(codecs), ranks)
+    link = LinkModel(0.0, 0.0, wire_per_byte, method, dict(codecs), ranks)
     beta, source = None, ""
     if method == "none" and len(pts) >= 4 and x.max() >= 256 * 1024 and x.max() >= 4 * max(x.min(), 1.0):
         slope = float(np.polyfit(x, c, 1)[0])
@@ -277,7 +277,7 @@ def lr_rule(k: int) -> str:
     )
 
 
-def verdict(shapes: Sequence[StepShape], link: Link, current: Config) -> Dict[str, Any]:
+def verdict(shapes: Sequence[StepShape], link: LinkModel, current: Config) -> Dict[str, Any]:
     """compute-bound, link-bound or overhead-bound, from the model's counterfactuals."""
     now = predict(shapes, link, current)
     no_comm = predict(shapes, link, replace(current, communicate=False))
@@ -319,7 +319,7 @@ LOSSY_MARGIN = 0.25  # a lossier method must predict a step this much faster to 
 
 
 def suggestions(
-    shapes: Sequence[StepShape], link: Link, current: Config, compression: bool
+    shapes: Sequence[StepShape], link: LinkModel, current: Config, compression: bool
 ) -> Dict[str, Any]:
     """One suggestion per knob, each with its predicted step time (the table: every method at
     the caps in use, column "current", and at each cap):
@@ -355,25 +355,7 @@ def suggestions(
                 "text": f"bucket_cap_mb={cap_key}",
             }
         )
-    best = {m: min(row.items(), key=lambda kv: kv[1]) for m, row in table.items()}
-    fastest = min(t for _, t in best.values())
-    ranked = sorted(best, key=lambda m: LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS))
-    pick = next(m for m in ranked if best[m][1] <= fastest * (1 + LOSSY_MARGIN))
-    key, t = best[pick]
-    if pick != current.method and t < min(now, cap_t) * (1 - MIN_GAIN):
-        name = link.codecs[pick].get("constructor", pick) if pick != "none" else "no compression"
-        out.append(
-            {
-                "kind": "compression",
-                "method": pick,
-                "bucket_cap_mb": _mb(key),
-                "predicted_s": t,
-                "text": name + (f" with bucket_cap_mb={key}" if key != "current" else ""),
-                "note": "lossy: error feedback keeps convergence (EF-SGD); check the accuracy"
-                if pick != "none"
-                else "",
-            }
-        )
+    out += _compression_suggestion(table, link, current, min(now, cap_t))
     base = replace(current, first_cap=cap_mb * MIB, cap=cap_mb * MIB) if cap_mb else current
     quiet = predict(shapes, link, replace(base, communicate=False))
     acc = {k: predict(shapes, link, replace(base, accumulation=k)) for k in ACCUMULATION}
@@ -394,6 +376,33 @@ def suggestions(
     for s in out:
         s["speedup"] = now / s["predicted_s"]
     return {"current_s": now, "table": table, "suggestions": out, "accumulation": acc}
+
+
+def _compression_suggestion(table: Dict[str, Dict[str, float]], link: LinkModel, current: Config,
+                            beat: float) -> List[Dict[str, Any]]:  # fmt: skip
+    """The least lossy method within LOSSY_MARGIN of the fastest, at its best cap, when it
+    beats `beat` by MIN_GAIN (see suggestions)."""
+    out: List[Dict[str, Any]] = []
+    best = {m: min(row.items(), key=lambda kv: kv[1]) for m, row in table.items()}
+    fastest = min(t for _, t in best.values())
+    ranked = sorted(best, key=lambda m: LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS))
+    pick = next(m for m in ranked if best[m][1] <= fastest * (1 + LOSSY_MARGIN))
+    key, t = best[pick]
+    if pick != current.method and t < beat * (1 - MIN_GAIN):
+        name = link.codecs[pick].get("constructor", pick) if pick != "none" else "no compression"
+        out.append(
+            {
+                "kind": "compression",
+                "method": pick,
+                "bucket_cap_mb": _mb(key),
+                "predicted_s": t,
+                "text": name + (f" with bucket_cap_mb={key}" if key != "current" else ""),
+                "note": "lossy: error feedback keeps convergence (EF-SGD); check the accuracy"
+                if pick != "none"
+                else "",
+            }
+        )
+    return out
 
 
 def _mb(key: str) -> Optional[float]:

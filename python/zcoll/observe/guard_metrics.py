@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _C
+from .. import _C
 
 HELP = {
     "zcoll_compression_ratio": "dense bytes / bytes sent of the bucket's last allreduce",
@@ -186,6 +186,14 @@ def report(path: Any) -> str:
                 f"screen at step {r['step']} (median windows, ms; a step {1e3 * r['typical_step_s']:.2f}): {windows}; "
                 f"final: {', '.join(r['finalists']) or '-'}"
             )
+    for section in (_decision_lines, _measured_lines, _guard_lines):
+        out += section(rows)
+    return "\n".join(out) + "\n"
+
+
+def _decision_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """The decisions: method, predicted and measured in the trials, reason."""
+    out: List[str] = []
     decisions = [r for r in rows if r["event"] == "decision"]
     if decisions:
         out.append("decisions (predicted / measured in the trials, ms):")
@@ -199,6 +207,12 @@ def report(path: Any) -> str:
                 + (f" (none {1e3 * none:.2f})" if none is not None else "")
                 + f"  {r['reason']}"
             )
+    return out
+
+
+def _measured_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """Predicted against measured communication over the check intervals."""
+    out: List[str] = []
     measured = [r for r in rows if r["event"] == "measured"]
     if measured:
         out.append(
@@ -226,6 +240,12 @@ def report(path: Any) -> str:
         ]
         if trial:
             out.append(f"measured gain over the trials' uncompressed buckets: {1e3 * sum(trial):.1f} ms")
+    return out
+
+
+def _guard_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """The exact checks, escalations and per-bucket ratios."""
+    out: List[str] = []
     checks: Dict[str, list] = {}
     for r in rows:
         if r["event"] == "check":
@@ -250,4 +270,4 @@ def report(path: Any) -> str:
                 f"  {b:<28} {m:>7} {len(v):>5} {sum(x for x, _ in v) / len(v):8.1f}x "
                 f"{sum(y for _, y in v) / len(v):8.3f}"
             )
-    return "\n".join(out) + "\n"
+    return out

@@ -270,7 +270,9 @@ class Session:
                 result = share_from_root(self.comm, result, max(1.0, deadline - time.monotonic()))
             return result
         except PeerTimeout as e:
-            warnings.warn(f"{e}; rank {rec.rank} writes its own trace file only", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{e}; rank {rec.rank} writes its own trace file only", RuntimeWarning, stacklevel=2
+            )
             self.paths = [write_json(self.directory / RANK_FILE.format(rank=rec.rank), rec.document())]
             return None
         finally:
@@ -360,110 +362,95 @@ def chrome_trace(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The ranks' documents as one Chrome trace (JSON object format): pid = rank, tid = lane
     (per traced model: step, compute, communication, buckets; then free-form lanes), ts and dur
     in microseconds on rank 0's clock, relative to the earliest event."""
-    maps = clock_maps(docs)
-    raw: List[Dict[str, Any]] = []
-    tids: Dict[tuple, int] = {}
-
-    def tid(rank: int, lane: str) -> int:
-        key = (rank, lane)
-        if key not in tids:
-            tids[key] = len([k for k in tids if k[0] == rank]) + 1
-        return tids[key]
-
-    def span(rank: int, lane: str, name: str, t0: float, t1: float, args: Dict[str, Any]) -> None:
-        m = maps[rank]
-        a, b = m(t0), m(t1)
-        raw.append(
-            {
-                "name": name,
-                "ph": "X",
-                "pid": rank,
-                "tid": tid(rank, lane),
-                "ts": a,
-                "dur": max(0.0, b - a),
-                "args": args,
-            }
-        )
-
+    trace = _ChromeTrace(clock_maps(docs))
     for doc in docs:
         r = doc["rank"]
         for model in doc["models"]:
-            prefix = f"m{model['id']} " if len(doc["models"]) > 1 else ""
-            for lane in LANES:
-                tid(r, prefix + lane)
-            for step in model["steps"]:
-                phases = step["phases"]
-                if phases:
-                    t0 = min(v[0] for v in phases.values())
-                    t1 = max(v[1] for v in phases.values())
-                    span(r, prefix + "step", f"step {step['step']}", t0, t1, {"step": step["step"]})
-                for name, (t0, t1) in sorted(phases.items(), key=lambda kv: kv[1][0]):
-                    span(r, prefix + "compute", name, t0, t1, {"step": step["step"]})
-                prev_end = None
-                for b in sorted(step["buckets"], key=lambda b: b["ready"]):
-                    if b["end"] is None or b["issued"] is None:
-                        continue
-                    # a hook that reports no start (timed_hook): its worker's previous end or the hand-over
-                    start = (
-                        b["start"] if b["start"] is not None else max(b["issued"], prev_end or b["issued"])
-                    )
-                    prev_end = b["end"] if prev_end is None else max(prev_end, b["end"])
-                    args = {
-                        k: v for k, v in b.items() if k not in ("ready", "issued", "start", "end", "params")
-                    }
-                    args["step"] = step["step"]
-                    args["start_inferred"] = b["start"] is None
-                    span(r, prefix + "communication", f"bucket {b['index']}", start, b["end"], args)
-                    m = maps[r]
-                    raw.append(
-                        {
-                            "name": f"bucket {b['index']} ready",
-                            "ph": "i",
-                            "s": "t",
-                            "pid": r,
-                            "tid": tid(r, prefix + "buckets"),
-                            "ts": m(b["ready"]),
-                            "args": {"step": step["step"], "hook_us": (b["issued"] - b["ready"]) / 1e3},
-                        }
-                    )
+            trace.add_model(r, model, f"m{model['id']} " if len(doc["models"]) > 1 else "")
         for name, lane, t0, t1, args in doc["spans"]:
-            span(r, lane, name, t0, t1, args)
+            trace.span(r, lane, name, t0, t1, args)
         for name, lane, t, args in doc["instants"]:
-            raw.append(
-                {
-                    "name": name,
-                    "ph": "i",
-                    "s": "t",
-                    "pid": r,
-                    "tid": tid(r, lane),
-                    "ts": maps[r](t),
-                    "args": args,
-                }
-            )
-    origin = min((e["ts"] for e in raw), default=0.0)
-    for e in raw:
-        e["ts"] = round((e["ts"] - origin) / 1e3, 3)
-        if "dur" in e:
-            e["dur"] = round(e["dur"] / 1e3, 3)
-    meta: List[Dict[str, Any]] = []
-    for doc in docs:
-        r = doc["rank"]
-        meta.append(
-            {
-                "name": "process_name",
-                "ph": "M",
-                "pid": r,
-                "tid": 0,
-                "args": {"name": f"rank {r} ({doc['meta'].get('host', '?')})"},
-            }
-        )
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}})
-    for (r, lane), t in tids.items():
-        meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": t, "args": {"name": lane}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": r, "tid": t, "args": {"sort_index": t}})
+            trace.instant(r, lane, name, t, args)
     clocks = {d["rank"]: d["meta"]["clock"] for d in docs}
     return {
-        "traceEvents": meta + raw,
+        "traceEvents": trace.metadata(docs) + trace.events(),
         "displayTimeUnit": "ms",
         "otherData": {"producer": "zcoll", "clock_offsets_to_rank0": clocks},
     }
+
+
+class _ChromeTrace:
+    """Events in nanoseconds on rank 0's clock (maps[rank] converts), lanes numbered per rank."""
+
+    def __init__(self, maps: List["ClockMap"]):
+        self.maps = maps
+        self.raw: List[Dict[str, Any]] = []
+        self.tids: Dict[tuple, int] = {}
+
+    def tid(self, rank: int, lane: str) -> int:
+        key = (rank, lane)
+        if key not in self.tids:
+            self.tids[key] = len([k for k in self.tids if k[0] == rank]) + 1
+        return self.tids[key]
+
+    def span(self, rank: int, lane: str, name: str, t0: float, t1: float, args: Dict[str, Any]) -> None:
+        a, b = self.maps[rank](t0), self.maps[rank](t1)
+        self.raw.append({"name": name, "ph": "X", "pid": rank, "tid": self.tid(rank, lane), "ts": a,
+                         "dur": max(0.0, b - a), "args": args})  # fmt: skip
+
+    def instant(self, rank: int, lane: str, name: str, t: float, args: Dict[str, Any]) -> None:
+        self.raw.append({"name": name, "ph": "i", "s": "t", "pid": rank, "tid": self.tid(rank, lane),
+                         "ts": self.maps[rank](t), "args": args})  # fmt: skip
+
+    def add_model(self, r: int, model: Dict[str, Any], prefix: str) -> None:
+        for lane in LANES:
+            self.tid(r, prefix + lane)
+        for step in model["steps"]:
+            phases = step["phases"]
+            if phases:
+                t0 = min(v[0] for v in phases.values())
+                t1 = max(v[1] for v in phases.values())
+                self.span(r, prefix + "step", f"step {step['step']}", t0, t1, {"step": step["step"]})
+            for name, (t0, t1) in sorted(phases.items(), key=lambda kv: kv[1][0]):
+                self.span(r, prefix + "compute", name, t0, t1, {"step": step["step"]})
+            self._add_buckets(r, step, prefix)
+
+    def _add_buckets(self, r: int, step: Dict[str, Any], prefix: str) -> None:
+        prev_end = None
+        for b in sorted(step["buckets"], key=lambda b: b["ready"]):
+            if b["end"] is None or b["issued"] is None:
+                continue
+            # a hook that reports no start (timed_hook): its worker's previous end or the hand-over
+            start = b["start"] if b["start"] is not None else max(b["issued"], prev_end or b["issued"])
+            prev_end = b["end"] if prev_end is None else max(prev_end, b["end"])
+            args = {k: v for k, v in b.items() if k not in ("ready", "issued", "start", "end", "params")}
+            args["step"] = step["step"]
+            args["start_inferred"] = b["start"] is None
+            self.span(r, prefix + "communication", f"bucket {b['index']}", start, b["end"], args)
+            self.instant(r, prefix + "buckets", f"bucket {b['index']} ready", b["ready"],
+                         {"step": step["step"], "hook_us": (b["issued"] - b["ready"]) / 1e3})  # fmt: skip
+
+    def events(self) -> List[Dict[str, Any]]:
+        """Relative to the earliest event, in microseconds."""
+        origin = min((e["ts"] for e in self.raw), default=0.0)
+        for e in self.raw:
+            e["ts"] = round((e["ts"] - origin) / 1e3, 3)
+            if "dur" in e:
+                e["dur"] = round(e["dur"] / 1e3, 3)
+        return self.raw
+
+    def metadata(self, docs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        meta: List[Dict[str, Any]] = []
+        for doc in docs:
+            r = doc["rank"]
+            meta.append({"name": "process_name", "ph": "M", "pid": r, "tid": 0,
+                         "args": {"name": f"rank {r} ({doc['meta'].get('host', '?')})"}})  # fmt: skip
+            meta.append(
+                {"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}}
+            )
+        for (r, lane), t in self.tids.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": t, "args": {"name": lane}})
+            meta.append(
+                {"name": "thread_sort_index", "ph": "M", "pid": r, "tid": t, "args": {"sort_index": t}}
+            )
+        return meta

@@ -1,7 +1,7 @@
 """What a measured link matrix says: links, tiers, hotspots, slow nodes, a better placement.
 
 Pure functions on numpy matrices (no MPI), used by `zcoll probe` (probe.py) and by anything that
-wants to order ranks by measured bandwidth (a topology-ordered ring: best_cycle()).
+wants to order ranks by measured bandwidth (a topology-ordered ring: zcoll._C.best_ring_order).
 
 Inputs: bw[i, j] = bytes per second from rank i to rank j, lat[i, j] = seconds one way (the
 diagonal is ignored), node_of[r] = the node of rank r.
@@ -45,7 +45,7 @@ LATENCY_FLOOR_S = 20e-6  # a latency hotspot is at least this much above its tie
 
 
 @dataclass
-class Link:
+class MeasuredLink:
     """One directed link. inter-node: src/dst are nodes; intra-node: ranks (of node `node`)."""
 
     kind: str  # "intra" or "inter"
@@ -75,7 +75,7 @@ class Tier:
 @dataclass
 class Hotspot:
     what: str  # "bandwidth" or "latency"
-    link: str  # Link.name(), or "rank i -> rank j" for a rank pair inside an inter-node link
+    link: str  # MeasuredLink.name(), or "rank i -> rank j" for a rank pair inside an inter-node link
     pairs: List[Tuple[int, int]]
     value: float  # bytes/s or seconds
     reference: float  # the tier's (or node link's) median it is compared with
@@ -109,8 +109,8 @@ class Placement:
 
 
 @dataclass
-class Analysis:
-    links: List[Link]
+class TopologyAnalysis:
+    links: List[MeasuredLink]
     tiers: List[Tier]
     hotspots: List[Hotspot]
     slow_nodes: List[int]
@@ -122,21 +122,21 @@ class Analysis:
 
 
 # -- 1. links --------------------------------------------------------------------------------------
-def links(bw: np.ndarray, lat: np.ndarray, node_of: Sequence[int]) -> List[Link]:
+def links(bw: np.ndarray, lat: np.ndarray, node_of: Sequence[int]) -> List[MeasuredLink]:
     """Intra-node rank links and inter-node node links (module docstring, step 1)."""
     p = len(node_of)
-    out: List[Link] = []
+    out: List[MeasuredLink] = []
     for i in range(p):
         for j in range(p):
             if i != j and node_of[i] == node_of[j]:
-                out.append(Link("intra", i, j, node_of[i], float(bw[i, j]), float(lat[i, j]), [(i, j)]))
+                out.append(MeasuredLink("intra", i, j, node_of[i], float(bw[i, j]), float(lat[i, j]), [(i, j)]))
     nodes = sorted(set(node_of))
     for a in nodes:
         for b in nodes:
             if a == b:
                 continue
             pairs = [(i, j) for i in range(p) for j in range(p) if node_of[i] == a and node_of[j] == b]
-            out.append(Link("inter", a, b, -1, float(np.median([bw[i, j] for i, j in pairs])),
+            out.append(MeasuredLink("inter", a, b, -1, float(np.median([bw[i, j] for i, j in pairs])),
                             float(np.median([lat[i, j] for i, j in pairs])), pairs))
     return out
 
@@ -154,7 +154,7 @@ def group_by_gaps(values: Sequence[float], gap: float) -> List[List[int]]:
     return groups
 
 
-def find_tiers(all_links: List[Link], gap: float = 2.0, min_share: float = 0.25) -> List[Tier]:
+def find_tiers(all_links: List[MeasuredLink], gap: float = 2.0, min_share: float = 0.25) -> List[Tier]:
     """Tiers per kind (module docstring, step 2); sets each link's `tier`. Tiers are listed intra
     first, then inter, each kind fastest first."""
     tiers: List[Tier] = []
@@ -186,7 +186,7 @@ def find_tiers(all_links: List[Link], gap: float = 2.0, min_share: float = 0.25)
 
 
 # -- 3. hotspots -----------------------------------------------------------------------------------
-def find_hotspots(all_links: List[Link], tiers: List[Tier], bw: np.ndarray, ratio: float = 0.7) -> List[Hotspot]:
+def find_hotspots(all_links: List[MeasuredLink], tiers: List[Tier], bw: np.ndarray, ratio: float = 0.7) -> List[Hotspot]:
     """Links well below their tier (module docstring, step 3), slowest relative first."""
     found: List[Hotspot] = []
     for l in all_links:
@@ -204,7 +204,7 @@ def find_hotspots(all_links: List[Link], tiers: List[Tier], bw: np.ndarray, rati
 
 
 # -- 4. slow nodes ---------------------------------------------------------------------------------
-def slow_nodes(all_links: List[Link], tiers: List[Tier], hotspots: List[Hotspot]) -> List[int]:
+def slow_nodes(all_links: List[MeasuredLink], tiers: List[Tier], hotspots: List[Hotspot]) -> List[int]:
     """Nodes all of whose inter-node links are slow (module docstring, step 4)."""
     inter = [l for l in all_links if l.kind == "inter"]
     nodes = sorted({l.src for l in inter})
@@ -273,15 +273,6 @@ def _search(bw: np.ndarray, traffic: np.ndarray, starts: List[List[int]], exact_
     return best
 
 
-def best_cycle(bw: np.ndarray) -> List[int]:
-    """The ring order over ranks (order[k] sends to order[k+1]) whose slowest hop is fastest,
-    then whose summed hop time is smallest; starts at rank 0."""
-    p = len(bw)
-    perm = _search(np.asarray(bw, float), ring_traffic(p), [list(range(p))])
-    k = perm.index(0)
-    return perm[k:] + perm[:k]
-
-
 def node_smoothed(bw: np.ndarray, node_of: Sequence[int]) -> np.ndarray:
     """bw with each rank pair replaced by the median of its node pair's rank pairs: a placement
     moves ranks between hosts, and ranks of one host are interchangeable."""
@@ -334,7 +325,7 @@ def analyse(
     ratio: float = 0.7,
     traffic: Optional[np.ndarray] = None,
     traffic_name: str = "ring in rank order",
-) -> Analysis:
+) -> TopologyAnalysis:
     """Steps 1-5 of the module docstring on one measurement."""
     bw = np.asarray(bw, float)
     lat = np.asarray(lat, float)
@@ -343,4 +334,4 @@ def analyse(
     hot = find_hotspots(all_links, tiers, bw, ratio)
     place = suggest_placement(bw, node_of, hosts, traffic, traffic_name)
     rules = {"tier_gap": gap, "tier_min_share": min_share, "hotspot_ratio": ratio}
-    return Analysis(all_links, tiers, hot, slow_nodes(all_links, tiers, hot), place, rules)
+    return TopologyAnalysis(all_links, tiers, hot, slow_nodes(all_links, tiers, hot), place, rules)

@@ -41,8 +41,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _C
-from .communicator import new_like
+from .. import _C
+from ..core.communicator import new_like
 
 _MASK64 = (1 << 64) - 1
 

@@ -1,0 +1,24 @@
+"""Gradient codecs for ``Communicator.allreduce(x, op, compression=..., key=...)``
+(zcoll.compression.codecs)."""
+
+from .codecs import (
+    CompressionStats,
+    Compressor,
+    GradientQuantizer,
+    HalfPrecision,
+    Payload,
+    RandomK,
+    Threshold,
+    TopK,
+)
+
+__all__ = [
+    "CompressionStats",
+    "Compressor",
+    "GradientQuantizer",
+    "HalfPrecision",
+    "Payload",
+    "RandomK",
+    "Threshold",
+    "TopK",
+]

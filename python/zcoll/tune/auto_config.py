@@ -1,0 +1,89 @@
+"""What ``compression="auto"`` may do and how it judges: one dataclass, checked when made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..compression.methods import METHODS
+from . import compression_model as cm
+
+# The guard's bound on the relative L2 error of a compressed average against the exact average
+# of what the ranks meant to send (gradient + carried residual - kept residual): zcoll's codecs
+# keep every rounding, hops included, in the residuals, so an honest codec measures float
+# rounding (0 to ~1e-7 on 2 and 4 ranks, every method); anything near 1e-3 is lost mass.
+DEFAULT_BOUND = 1e-3
+
+# A residual-to-gradient norm ratio above this means error feedback owes more than a whole
+# gradient: updates arrive more than a step late on average. Measured on the digits MLP (2 ranks,
+# the guard's checks every 10 steps): int8 0.02 (max 0.03), int4 0.3 (max 0.6), sign 3-16,
+# top-1% 6-10: the bound separates the methods that keep up from those that carry a debt. Off
+# by default (residual_bound=None): escalating sign or top-k to int4 trades their speed for
+# accuracy, which the caller chooses (the guarded configurations of examples/train_digits.py and
+# bench/ddp_step.py pass it).
+RESIDUAL_BOUND = 1.0
+
+
+@dataclass
+class AutoConfig:
+    """methods: candidates, least lossy first (compression_model.LOSSINESS); trial_repeats: steps
+    per method in the screen (the first not counted); final_rounds: rounds of the final (0: the
+    screen's steps decide); finalists: its most candidates; start_step: the first trial step
+    (DDP rebuilds its buckets after step 0); margin / min_gain: see compression_model.decide;
+    step_margin: see compression_model.choose; screen_band: how far behind the screen's fastest
+    method (as a fraction of a typical step) a method still enters the final;
+    guard: the per-step metrics and exact checks; check_every: steps between exact checks (and
+    drift checks); sample: elements per bucket in a check; bound: relative error lost beyond
+    error feedback that escalates (DEFAULT_BOUND); residual_bound: a residual-to-gradient norm
+    ratio (the ranks' mean at a check) that escalates too (None: off; RESIDUAL_BOUND, 1.0,
+    is the calibrated one); calm_checks: quiet checks before stepping back down;
+    drift: relative drift of measured from predicted communication time (each bucket's median
+    call times its calls) that re-decides (at two checks in a row; 0.5: the noise of a shared
+    machine stays below it); diagnose_every: steps between link diagnoses (0: never; a changed
+    verdict re-decides); metrics_path: JSON-lines log (rank 0 writes it); metrics_port:
+    Prometheus (None: ZCOLL_METRICS_PORT; each rank on port + rank).
+    test_corrupt_fraction (tests only): overwrites that fraction of a compressed result's values
+    (the same ones on every rank) with 1e3 times the bucket's largest value."""
+
+    methods: Sequence[str] = cm.CANDIDATES
+    trial_repeats: int = 3
+    final_rounds: int = 6
+    finalists: int = 4
+    start_step: int = 1
+    margin: float = 0.05
+    min_gain: float = 0.05
+    step_margin: float = cm.STEP_MARGIN
+    screen_band: float = cm.SCREEN_BAND
+    guard: bool = True
+    check_every: int = 50
+    sample: int = 4096
+    bound: float = DEFAULT_BOUND
+    residual_bound: Optional[float] = None
+    calm_checks: int = 3
+    drift: float = 0.5
+    diagnose_every: int = 0
+    metrics_path: Optional[str] = None
+    metrics_port: Optional[int] = None
+    seed: int = 0
+    test_corrupt_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m != "none" and m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"unknown methods {unknown}; known: none, {', '.join(METHODS)}")
+        counts = (self.trial_repeats, self.final_rounds, self.finalists, self.start_step, self.check_every,
+                  self.sample, self.calm_checks)  # fmt: skip
+        if min(a - b for a, b in zip(counts, (2, 0, 2, 0, 1, 1, 1))) < 0:
+            raise ValueError(
+                "need trial_repeats >= 2, final_rounds >= 0, finalists >= 2, start_step >= 0, check_every >= 1, "
+                f"sample >= 1, calm_checks >= 1; got {', '.join(map(str, counts))}"
+            )
+        if not 0.0 <= self.test_corrupt_fraction <= 1.0:
+            raise ValueError(f"_test_corrupt_fraction must be in [0, 1], got {self.test_corrupt_fraction}")
+        self.methods = tuple(dict.fromkeys(self.methods))  # the trials' order
+        for name in ("trial_repeats", "final_rounds", "finalists", "start_step", "check_every", "sample",
+                     "calm_checks", "diagnose_every"):  # fmt: skip
+            setattr(self, name, int(getattr(self, name)))
+        self.guard, self.bound, self.drift = bool(self.guard), float(self.bound), float(self.drift)
+        self.residual_bound = None if self.residual_bound is None else float(self.residual_bound)
+        self.test_corrupt_fraction = float(self.test_corrupt_fraction)
