@@ -180,19 +180,23 @@ def init_process_group(comm: Any = None, timeout: Optional[timedelta] = None, **
     )
 
 
-def init_gloo_beside_zcoll(comm: Any = None) -> Dict[str, Any]:
+def init_gloo_beside_zcoll(comm: Any = None, timeout: Any = None) -> Dict[str, Any]:
     """Under mpirun: gloo as the default group and zcoll as a second group on the same ranks, for
-    side-by-side comparisons. gloo needs an address; rank 0 picks a free localhost port and
-    shares it through MPI (single-node jobs). Returns {"gloo": group, "zcoll": group}.
+    side-by-side comparisons. gloo needs an address: MASTER_ADDR when set (rank 0's, e.g. on a
+    multi-node test bed; GLOO_SOCKET_IFNAME picks the interface), else localhost; rank 0 picks a
+    free port there and shares it through MPI. timeout: the groups' (a datetime.timedelta).
+    Returns {"gloo": group, "zcoll": group}.
     """
     import socket
 
     world = comm if comm is not None else world_comm()
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = None
     if world.rank == 0:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((address, 0))
             port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port)))
-    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
-    return {"gloo": dist.group.WORLD, "zcoll": dist.new_group(backend="zcoll")}
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(world.bcast(port)))
+    extra = {} if timeout is None else {"timeout": timeout}
+    dist.init_process_group("gloo", rank=world.rank, world_size=world.size, **extra)
+    return {"gloo": dist.group.WORLD, "zcoll": dist.new_group(backend="zcoll", **extra)}

@@ -1,0 +1,147 @@
+"""bench/tta.py's report: per set-up, workload and method, over seeds, the time to the quality
+target (median and range), the speed-up against gloo and against uncompressed zcoll (ratios of
+the medians, each measured in the same jobs), the quality at the budget's end (equal steps), and
+the plots of quality against wall-clock time."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from tta_job import METHODS
+from tta_workloads import WORKLOADS
+
+COLUMNS = ["setup", "workload", "method", "reached", "time_to_target_s", "range_s", "vs_gloo", "vs_zcoll",
+           "steps_to_target", "final", "final_range", "step_ms"]  # fmt: skip
+
+
+def _median(xs: List[float]) -> Optional[float]:
+    return statistics.median(xs) if xs else None
+
+
+def cells(docs: List[Dict[str, Any]]) -> Dict[Tuple[str, str, str], Dict[str, Any]]:
+    """(setup, workload, method) -> the seeds' figures."""
+    out: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
+    for d in docs:
+        for method, r in d["methods"].items():
+            c = out.setdefault((d["setup"], d["workload"], method), {"seeds": 0, "times": [], "steps": [], "finals": [],
+                                                                      "step_s": [], "failures": [], "doc": d})  # fmt: skip
+            c["seeds"] += 1
+            if r.get("failure"):
+                c["failures"].append(r["failure"])
+            if r.get("reached"):
+                c["times"].append(r["reached"]["seconds"])
+                c["steps"].append(r["reached"]["step"])
+            if r.get("final") is not None:
+                c["finals"].append(r["final"])
+            if r.get("step_s_median"):
+                c["step_s"].append(r["step_s_median"])
+    return out
+
+
+def rows(docs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    table = cells(docs)
+    out = []
+    for (setup, workload, method), c in sorted(table.items(), key=lambda kv: _order(kv[0])):
+        t = _median(c["times"])
+        ref = {name: _median(table.get((setup, workload, name), {}).get("times", [])) for name in ("gloo", "zcoll")}
+        finals = c["finals"]
+        out.append({
+            "setup": setup, "workload": workload, "method": method,
+            "reached": f"{len(c['times'])}/{c['seeds']}",
+            "time_to_target_s": t,
+            "range_s": (min(c["times"]), max(c["times"])) if c["times"] else None,
+            "vs_gloo": ref["gloo"] / t if t and ref["gloo"] else None,
+            "vs_zcoll": ref["zcoll"] / t if t and ref["zcoll"] else None,
+            "steps_to_target": _median(c["steps"]),
+            "final": _median(finals),
+            "final_range": (min(finals), max(finals)) if finals else None,
+            "step_ms": 1e3 * _median(c["step_s"]) if c["step_s"] else None,
+            "failure": c["failures"][0] if c["failures"] else None,
+        })  # fmt: skip
+    return out
+
+
+def _order(key: Tuple[str, str, str]) -> Tuple[int, int, int, str]:
+    setups = ["shm2", "shm4", "net1g", "net100m"]
+    s, w, m = key
+    return (setups.index(s) if s in setups else 9, list(WORKLOADS).index(w) if w in WORKLOADS else 9,
+            list(METHODS).index(m) if m in METHODS else 99, m)  # fmt: skip
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, tuple):
+        return f"{v[0]:{spec}}-{v[1]:{spec}}"
+    return f"{v:{spec}}"
+
+
+def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
+    lines = ["| set-up | workload | method | reached | time to target s (median, range) | vs gloo | vs zcoll | "
+             "steps to target | quality at the budget (median, range) | step ms |", "|" + "---|" * 10]  # fmt: skip
+    for r in table:
+        time_cell = f"{_fmt(r['time_to_target_s'], '.1f')} ({_fmt(r['range_s'], '.1f')})" if r["time_to_target_s"] else "not reached"
+        if r["failure"]:
+            time_cell += f" **failed: {r['failure'][:120]}**"
+        lines.append(f"| {r['setup']} | {r['workload']} | {r['method']} | {r['reached']} | {time_cell} | "
+                     f"{_fmt(r['vs_gloo'])}x | {_fmt(r['vs_zcoll'])}x | {_fmt(r['steps_to_target'], '.0f')} | "
+                     f"{_fmt(r['final'], '.3f')} ({_fmt(r['final_range'], '.3f')}) | {_fmt(r['step_ms'], '.1f')} |")  # fmt: skip
+    failed = [d for d in docs if d.get("job_failure")]
+    for d in failed:
+        lines.append(f"\njob {d['setup']} {d['workload']} seed {d['seed']} failed: {d['job_failure'][:400]}")
+    targets = {d["workload"]: (d["quality"], d["target"], d["steps"]) for d in docs}
+    lines.append("")
+    for w, (quality, target, steps) in sorted(targets.items()):
+        lines.append(f"- {w}: target {quality} {'>=' if 'accuracy' in quality else '<='} {target}, budget {steps} steps")
+    return "\n".join(lines) + "\n"
+
+
+def write(docs: List[Dict[str, Any]], out: Path) -> str:
+    table = rows(docs)
+    text = markdown(table, docs)
+    (out / "tta.md").write_text(text)
+    with open(out / "tta.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS + ["failure"])
+        writer.writeheader()
+        for r in table:
+            writer.writerow({k: (f"{v[0]}-{v[1]}" if isinstance(v, tuple) else v) for k, v in r.items()})
+    plot(docs, out)
+    return text
+
+
+def plot(docs: List[Dict[str, Any]], out: Path) -> None:
+    """Per set-up one figure: a panel per workload, quality against the clock, one curve per
+    method (at each evaluation the median over seeds of its clock and of its quality)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for setup in sorted({d["setup"] for d in docs}):
+        mine = [d for d in docs if d["setup"] == setup and d["methods"]]
+        workloads = sorted({d["workload"] for d in mine})
+        if not workloads:
+            continue
+        fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+        for ax, w in zip(axes[0], workloads):
+            runs = [d for d in mine if d["workload"] == w]
+            for method in runs[0]["methods"]:
+                curves = [d["methods"][method]["evals"] for d in runs if method in d["methods"]]
+                n = min(len(c) for c in curves)
+                if n == 0:
+                    continue
+                xs = [statistics.median(c[i][1] for c in curves) for i in range(n)]
+                ys = [statistics.median(c[i][2] for c in curves) for i in range(n)]
+                ax.plot(xs, ys, label=method, linestyle="--" if method.startswith("gloo") else "-")
+            ax.axhline(runs[0]["target"], color="k", linewidth=0.8, linestyle=":")
+            ax.set_title(f"{w} ({setup}, {runs[0]['ranks'] if 'ranks' in runs[0] else '?'} ranks)")
+            ax.set_xlabel("training wall-clock s (slowest rank; evaluation excluded)")
+            ax.set_ylabel(runs[0]["quality"])
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"tta-{setup}.png", dpi=90)
+        plt.close(fig)
