@@ -3,10 +3,11 @@
 // Algorithm code. The dispatcher (allreduce.cc), `auto`'s requirements (auto_select.cc), the
 // names Python sees (zcoll._C.Algorithm, zcoll._C.allreduce_algorithms()), the benchmark's `-a`
 // list and check mode's messages all read it; docs/algorithms.md has a section per entry, which
-// tests/test_algorithm_table.py holds it to.
+// the Python test test_algorithm_table.py holds it to.
 //
-// Adding an algorithm: its own file (entry point + cost function), one line in kBuiltins
-// (algorithm_table.cc), its test; or, from C++ at run time, register_allreduce_algorithm()
+// Adding an algorithm: its own file (entry point + cost function, declared in algorithms.h and
+// listed in CMakeLists.txt), one line in kBuiltins (algorithm_table.cc), its section in
+// docs/algorithms.md and its test; or, from C++ at run time, register_allreduce_algorithm()
 // (docs/algorithms.md, "Adding an allreduce algorithm").
 #pragma once
 #include <cstddef>
