@@ -1,4 +1,4 @@
-// Deliberate failures: what a failure report looks like, checked by tests/test_cpp.py. Runs
+// Deliberate failures: what a failure report looks like, checked by the pytest file test_cpp.py. Runs
 // only when named ("selftest.*"), never in the default run.
 #include <stdexcept>
 
