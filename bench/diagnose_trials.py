@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Randomized trials of zcoll's link diagnosis (comm.diagnose(), python/zcoll/diagnose.py) on the
-emulated cluster of bench/testbed.py: 4 ranks on 4 nodes, 200 Mbit/s links (see --rate), and in
+emulated cluster of zcoll.tools.testbed: 4 ranks on 4 nodes, 200 Mbit/s links (see --rate), and in
 each trial one of four situations, chosen at random (the kinds in turn, the places at random):
 
   healthy    nothing wrong
@@ -15,7 +15,7 @@ the 12 directed links of 4 ranks; with halving-doubling's partners 10 are used, 
 is drawn among those). Every --window collectives each rank calls comm.diagnose(); rank 0 prints
 the verdict (the label that three consecutive windows agreed on).
 
-What is scored (the issue's criteria):
+What is scored:
   * the label after the last window is right in >= 95% of the trials;
   * it appears within 20 collectives of the fault's start (collective 0 for links and nodes,
     --warmup for the slow rank);
@@ -26,7 +26,7 @@ What is scored (the issue's criteria):
     python bench/diagnose_trials.py --trials 8 --json r.json
 
 Exit status 0 when every criterion holds, 1 when one does not, 3 when the machine refuses
-namespaces (bench/testbed.py's Refused).
+namespaces (zcoll.tools.testbed.Refused).
 """
 
 from __future__ import annotations
@@ -39,9 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from typing import List, Optional, Tuple
 
 KINDS = ("healthy", "slow rank", "slow link", "slow node")
 ALGORITHMS = ("ring", "halving_doubling")
@@ -150,7 +148,7 @@ def score(trial: dict, verdicts: List[Tuple[int, str, str]], args: argparse.Name
 
 
 def run_trials(args: argparse.Namespace) -> int:
-    from testbed import Refused, Testbed, parse_rate  # bench/testbed.py, the emulated cluster
+    from zcoll.tools.testbed import Refused, Testbed, parse_rate  # the emulated cluster
 
     slow = f"{int(parse_rate(args.rate) / args.slow_factor)}bit"
     results: List[dict] = []

@@ -13,6 +13,8 @@ Steps:
      sent, the time those bytes need at the measured link throughput (p x wire / throughput), and
      time / that link time; check the targets at 2 ranks and 16 MiB; plot time against size;
   5. delete the namespace (also on errors and Ctrl-C).
+--from-csv reprints the table, the targets and the plot from a saved emulated_network.csv and
+the link throughput that run measured (--throughput), running nothing.
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN) and the `ip` and `tc` tools; refuses with a
 message and exit status 3 otherwise. Run from the repository's venv (./dev.sh sets it up).
 """
@@ -28,8 +30,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-import netns
-import perf_table
+from zcoll.tools import netns, perf_table
 
 METHODS = "none,fp16,bf16,int8,int4,sign,topk:0.01,randomk:0.01,threshold:6"
 # At 2 ranks and 16 MiB of float32: minimum speed-up over MPI_Allreduce in the same run.
@@ -54,7 +55,7 @@ def size_arg(s: str) -> str:
 
 
 class Namespace(netns.RateLimitedLoopback):
-    """The rate-limited loopback of bench/netns.py, refusing with exit status 3 where the machine
+    """The rate-limited loopback of zcoll.tools.netns, refusing with exit status 3 where the machine
     cannot emulate a network; deleted by close()."""
 
     def __init__(self, rate: str):
@@ -203,7 +204,7 @@ def plot(rows: list, path: Path) -> None:
     log(f"plot written to {path}")
 
 
-def main(argv=None) -> int:
+def options(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4", help="comma-separated rank counts (default 2,4)")
     ap.add_argument("--min", type=size_arg, default="4K", help="smallest size per rank (default 4K)")
@@ -219,7 +220,39 @@ def main(argv=None) -> int:
         default=Path(__file__).resolve().parent / "results",
         help="directory for the CSV and the PNG plot (default bench/results)",
     )
+    ap.add_argument(
+        "--from-csv", type=Path, help="report a saved emulated_network.csv (with --throughput); run nothing"
+    )
+    ap.add_argument("--throughput", type=float, help="with --from-csv: the link throughput measured, bytes/s")
     args = ap.parse_args(argv)
+    if args.from_csv and not args.throughput:
+        ap.error("--from-csv needs --throughput (the link's bytes/s, as the run printed it)")
+    return args
+
+
+def run_all(ns: Namespace, args: argparse.Namespace, tmp: Path) -> tuple:
+    """(link throughput, CSV rows of every rank count)."""
+    throughput = measure_link(ns, tmp, args.iters)
+    records = []
+    for p in [int(x) for x in args.ranks.split(",")]:
+        flags = ["-b", args.min, "-e", args.max, "-f", str(args.factor), "-n", str(args.iters), "-w", "1"]
+        flags += ["-c", "0" if args.no_check else "1", "-a", "ring", "-z", args.methods, "-t", "120"]
+        records += ns.bench(p, flags, tmp / f"p{p}.csv", timeout=3600)
+    return throughput, records
+
+
+def finish(records: list, throughput: float, out: Path) -> int:
+    """Table, targets and plot; 0 when the targets are met and no result was wrong, else 1."""
+    rows = report(records, throughput)
+    met = check_targets(rows)
+    plot(rows, out / "emulated_network.png")
+    return 0 if met and all(o["wrong"] == 0 for o in rows) else 1
+
+
+def main(argv=None) -> int:
+    args = options(argv)
+    if args.from_csv:
+        return finish(perf_table.read_csv(args.from_csv), args.throughput, args.out)
     if not (BIN / "zcoll_allreduce_perf").exists() or not (BIN / "mpirun").exists():
         refuse(
             f"zcoll_allreduce_perf or mpirun not found in {BIN}; run with the venv's python (./dev.sh test builds it)"
@@ -229,36 +262,10 @@ def main(argv=None) -> int:
     ns = Namespace(args.rate)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            throughput = measure_link(ns, Path(tmp), args.iters)
-            records = []
-            for p in [int(x) for x in args.ranks.split(",")]:
-                flags = [
-                    "-b",
-                    args.min,
-                    "-e",
-                    args.max,
-                    "-f",
-                    str(args.factor),
-                    "-n",
-                    str(args.iters),
-                    "-w",
-                    "1",
-                    "-c",
-                    "0" if args.no_check else "1",
-                    "-a",
-                    "ring",
-                    "-z",
-                    args.methods,
-                    "-t",
-                    "120",
-                ]
-                records += ns.bench(p, flags, Path(tmp) / f"p{p}.csv", timeout=3600)
+            throughput, records = run_all(ns, args, Path(tmp))
         args.out.mkdir(parents=True, exist_ok=True)
         perf_table.write_csv(args.out / "emulated_network.csv", records)
-        rows = report(records, throughput)
-        met = check_targets(rows)
-        plot(rows, args.out / "emulated_network.png")
-        return 0 if met and all(o["wrong"] == 0 for o in rows) else 1
+        return finish(records, throughput, args.out)
     except KeyboardInterrupt:
         log("interrupted")
         return 130

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections import defaultdict
 
-import perf_table
+from zcoll.tools import perf_table
 
 
 def human(size: int) -> str:

@@ -1,5 +1,5 @@
 """Gradient codecs for ``Communicator.allreduce(x, op, compression=..., key=...)``
-(zcoll.compression.codecs)."""
+(zcoll.compression.codecs), and their documented error bounds (zcoll.compression.error_bounds)."""
 
 from .codecs import (
     CompressionStats,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A multi-node cluster emulated on one machine: network namespaces as nodes, MPI over TCP.
 
 Topology (all of it inside namespaces; the machine's own network is never touched):
@@ -30,7 +29,7 @@ tells zcoll which ranks form a node.
 
 Python:
 
-    from testbed import Testbed                     # bench/ on sys.path
+    from zcoll.tools.testbed import Testbed
     with Testbed(nodes=[2, 2], inter="1gbit", links={(1, 0): "250mbit"}) as tb:
         out = tb.run(["python", "job.py"], timeout=120)   # Finished(returncode, output)
         tb.set_rate(0, 1, "250mbit")               # while jobs run, too
@@ -39,9 +38,9 @@ Python:
 
 Command line (root, or CAP_NET_ADMIN + CAP_SYS_ADMIN; exit status 3 when namespaces are refused):
 
-    python bench/testbed.py --nodes 2,2 --inter 1gbit --slow 1:0:250mbit -- zcoll probe
-    python bench/testbed.py --nodes 3 --node 0 -- ip addr          # one command in node 0
-    python bench/testbed.py --cleanup                              # namespaces of dead runs
+    python -m zcoll.tools.testbed --nodes 2,2 --inter 1gbit --slow 1:0:250mbit -- zcoll probe
+    python -m zcoll.tools.testbed --nodes 3 --node 0 -- ip addr    # one command in node 0
+    python -m zcoll.tools.testbed --cleanup                        # namespaces of dead runs
 
 Namespaces are deleted on exit, on errors, Ctrl-C and SIGTERM; after a SIGKILL, the next
 Testbed (or --cleanup) deletes those whose creating process is gone (their names carry its pid).
@@ -61,8 +60,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proc import Finished, kill_tree, run_tree  # noqa: E402
+from .proc import Finished, kill_tree, run_tree
 
 UNSHAPED = "100gbit"  # the rate of a link without one: above anything a veth carries here
 SUBNET = "10.77.0"  # each test bed is its own layer-2 island, so they can all use it
@@ -427,7 +425,7 @@ def _terminate(signum, _frame):
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="testbed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m zcoll.tools.testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--nodes", type=_nodes_arg, default=[2, 2], help="ranks per node (default 2,2)")
     ap.add_argument("--inter", default="1gbit", help="rate of every inter-node link; 'none': unshaped (default 1gbit)")
@@ -470,15 +468,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(" ".join(cmd), flush=True)
             return _run_streaming(cmd, args.timeout)
     except Refused as e:
-        print(f"testbed.py: {e}", file=sys.stderr)
+        print(f"zcoll.tools.testbed: {e}", file=sys.stderr)
         return 3
     except ValueError as e:  # a bad placement file or link
-        print(f"testbed.py: {e}", file=sys.stderr)
+        print(f"zcoll.tools.testbed: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except subprocess.TimeoutExpired:
-        print(f"testbed.py: the command ran past --timeout {args.timeout} s; killed", file=sys.stderr)
+        print(f"zcoll.tools.testbed: the command ran past --timeout {args.timeout} s; killed", file=sys.stderr)
         return 124
 
 
