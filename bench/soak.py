@@ -44,13 +44,15 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import zcoll
-from error_bounds import error_bound
 from mpi4py import MPI
+from zcoll.compression.error_bounds import beyond_bound
+from zcoll.tools import exact_inputs
+from zcoll.tools.exact_inputs import INT_DTYPES
 
 try:
     import torch
@@ -59,11 +61,7 @@ except ImportError:  # numpy arrays only, no torch process groups, no bfloat16
 
 WORLD = MPI.COMM_WORLD
 ALGORITHMS = list(zcoll.ALGORITHMS)  # every name, ordered_ring and hierarchical too
-INT_DTYPES = ["int8", "uint8", "int32", "int64"]
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
-MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # bits, implicit one included
-# half the spacing of the subnormals: the absolute rounding error below the normal range
-HALF_SUBNORMAL = {"float16": 2.0**-25, "bfloat16": 2.0**-134, "float32": 2.0**-150, "float64": 2.0**-1075}
 ITEMSIZE = {d: 2 if d == "bfloat16" else np.dtype(d).itemsize for d in INT_DTYPES + FLOAT_DTYPES}
 KINDS = {  # collective: weight in the random phase
     "allreduce": 34,
@@ -371,19 +369,7 @@ class Plan:
 # -- inputs and references ----------------------------------------------------------------------------
 def exact_values(c: Call, rank: int) -> np.ndarray:
     """Rank `rank`'s input of an exact call, as float64 (floats) or int64 (integers)."""
-    m, a, b, cc, e = c.pattern
-    i = np.arange(c.count, dtype=np.int64) % m
-    v = (i * a + rank * b + cc) % m  # 0..m-1
-    p = c.target.size
-    if c.dtype in INT_DTYPES:
-        if c.dtype == "int64":
-            return v * (1 << 33) - (m << 32) + rank  # beyond 32 bits; products wrap, which is fine
-        return v - m // 2 if c.dtype != "uint8" else v
-    if c.op == "prod":  # powers of two: exact products in any order (|product| <= 4^p)
-        return np.array([1.0, 2.0, -1.0, 0.5, -2.0])[v % 5]
-    # |v| <= L with p * L exact in the mantissa: every partial sum is exact
-    limit = min(m // 2, (1 << (MANTISSA[c.dtype] - 1)) // p)
-    return ((v % (2 * limit + 1)) - limit).astype(np.float64) * 2.0**-e
+    return exact_inputs.exact_values(c.pattern, c.count, c.dtype, c.op, rank, c.target.size)
 
 
 def compressed_values(c: Call, rank: int) -> np.ndarray:
@@ -416,35 +402,14 @@ def as_numbers(y: Any) -> np.ndarray:
 
 
 def reduce_exact(c: Call, xs: list[np.ndarray]) -> np.ndarray:
-    """OP over the ranks' inputs: integers in their dtype (wrapping as the kernels do), floats in
-    float64 (exact for these inputs, so equal to any order in the dtype); as numbers."""
-    if c.dtype in INT_DTYPES:
-        fn = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[c.op]
-        acc = xs[0].astype(c.dtype)
-        for x in xs[1:]:
-            acc = fn(acc, x.astype(c.dtype), dtype=c.dtype)  # wraps like the C kernels
-        return acc.astype(np.int64)
-    fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[c.op]
-    acc = xs[0]
-    for x in xs[1:]:
-        acc = fn(acc, x)  # float64: exact for these inputs
-    return acc / len(xs) if c.op == "avg" else acc
+    """OP over the ranks' inputs, as numbers (zcoll.tools.exact_inputs.reduce_exact)."""
+    return exact_inputs.reduce_exact(xs, c.dtype, c.op)
 
 
 def mismatch(got: np.ndarray, want: np.ndarray, c: Call) -> str | None:
     """None when got equals want (avg: within one rounding of the dtype), else what differs."""
-    if got.shape != want.shape:
-        return f"shape {got.shape}, expected {want.shape}"
-    if c.op == "avg" and c.kind in ("allreduce", "reduce_scatter", "reduce"):
-        ok = np.abs(got - want) <= np.abs(want) * 2.0 ** (1 - MANTISSA[c.dtype])
-    else:
-        ok = got == want
-    if ok.all():
-        return None
-    bad = np.flatnonzero(~ok.reshape(-1))
-    i = bad[0]
-    g, w = got.reshape(-1)[i], want.reshape(-1)[i]
-    return f"{bad.size} of {ok.size} elements wrong; at {i}: got {g!r}, expected {w!r}"
+    one_rounding = c.op == "avg" and c.kind in ("allreduce", "reduce_scatter", "reduce")
+    return exact_inputs.mismatch(got, want, c.dtype, one_rounding)
 
 
 def digest(y: Any) -> bytes:
@@ -516,24 +481,6 @@ def run_compressed(c: Call) -> str | None:
     if not same_everywhere(t, y):
         return "result bits differ between ranks"
     return beyond_bound(as_numbers(y), xs_eff, comp, c.op, c.dtype)
-
-
-def beyond_bound(y: np.ndarray, xs: list[np.ndarray], comp: Any, op: str, dtype: str) -> str | None:
-    """None when y is within the compressor's bound of the exact sum (avg: mean) of xs, plus one
-    rounding to the output dtype; else what is not."""
-    exact = np.sum(xs, axis=0) / (len(xs) if op == "avg" else 1) if y.size else np.zeros(0)
-    err = np.abs(y - exact)
-    # the final rounding to the output dtype acts on the computed value, which the compression
-    # error may have moved above |exact|: half an ulp of the larger of the two, and no less than
-    # half a subnormal's spacing (a float16 result of 1e-8 is rounded by up to 3e-8; the soak
-    # once flagged a bf16 + error feedback average of float16 there: 1.07e-8 against 0.97e-8)
-    rounding = np.maximum(np.maximum(np.abs(exact), np.abs(y)) * 2.0 ** -MANTISSA[dtype], HALF_SUBNORMAL[dtype])
-    allowed = error_bound(comp, xs, exact, op) + rounding
-    bad = np.flatnonzero(~(err <= allowed))
-    if bad.size:
-        i = bad[0]
-        return f"{bad.size} of {y.size} elements beyond the error bound; at {i}: {err[i]!r} > {allowed[i]!r}"
-    return None
 
 
 def run_torch(c: Call) -> str | None:
@@ -638,6 +585,71 @@ def summary_lines(per_rank_counts: list) -> list[str]:
     return lines
 
 
+@dataclass
+class Tally:
+    """What this rank's calls did so far: calls and RSS growth per label, wrong results."""
+
+    show: int  # wrong results printed at most
+    counts: dict[str, int] = field(default_factory=dict)
+    grew: dict[str, int] = field(default_factory=dict)  # RSS change (bytes) per label, after the baseline
+    wrong: int = 0
+    shown: int = 0
+    rss_base: int | None = None
+    mem_base: dict = field(default_factory=dict)
+
+    def call(self, c: Call) -> None:
+        """Runs c, counting it under its label (and the RSS change it came with)."""
+        before = rss_bytes() if self.rss_base is not None else 0
+        problem = run(c)
+        label = c.kind + (f" {c.algorithm}" if c.kind == "allreduce" and not c.target.torch_only else "")
+        label = f"{c.target.name}: " + (f"compressed {c.compressor}" if c.kind == "compressed" else label)
+        self.counts[label] = self.counts.get(label, 0) + 1
+        if self.rss_base is not None:  # which calls the growth came with, should there be any
+            self.grew[label] = self.grew.get(label, 0) + rss_bytes() - before
+        if problem:
+            self.wrong += 1
+            if self.shown < self.show:
+                self.shown += 1
+                say(f"soak WRONG rank {WORLD.rank}: {c.describe()}: {problem}")
+
+    def progress(self, o: argparse.Namespace, done: int, seconds: float) -> str:
+        grown = (
+            ""
+            if self.rss_base is None
+            else f" ({(rss_bytes(trim=True) - self.rss_base) / 2**20:+.2f} MiB since call {o.baseline}"
+            + memory_change({"mem_base": self.mem_base, "mem_end": memory_breakdown()})
+            + ")"
+        )
+        rss = rss_bytes() / 2**20
+        calls = f"{done}/{o.collectives} calls, {seconds:.0f} s"
+        return f"soak: {calls}, rss {rss:.1f} MiB{grown}, wrong {self.wrong}"
+
+
+def run_calls(o: argparse.Namespace, plan: Plan, prologue: list, tally: Tally) -> tuple:
+    """The prologue, then drawn calls, until --collectives or --seconds; (calls done, seconds)."""
+    start = last_progress = time.monotonic()
+    done = 0
+    while done < o.collectives:
+        if (
+            o.seconds
+            and done % 64 == 0
+            and WORLD.allreduce(time.monotonic() - start >= o.seconds, op=MPI.LOR)
+        ):
+            break
+        c = prologue[done] if done < len(prologue) else plan.draw(done)
+        c.index = done
+        if c.target.member:
+            tally.call(c)
+        done += 1
+        if done == o.baseline:
+            tally.rss_base, tally.mem_base = rss_bytes(trim=True), memory_breakdown()
+        now = time.monotonic()
+        if WORLD.rank == 0 and now - last_progress >= o.progress:
+            last_progress = now
+            say(tally.progress(o, done, now - start))
+    return done, time.monotonic() - start
+
+
 def main(argv=None) -> int:
     o = options(argv)
     steady = steady_heap()
@@ -653,54 +665,9 @@ def main(argv=None) -> int:
             f"MPICH netmod {os.environ.get('MPIR_CVAR_CH4_NETMOD', 'default (ucx for the PyPI wheel)')}"
             + ("" if steady else "; glibc's mmap threshold could not be fixed: RSS may drift")
         )
-    counts: dict[str, int] = {}
-    grew: dict[str, int] = {}  # RSS change (bytes) during the calls of each label, after the baseline
-    wrong, shown = 0, 0
-    rss_base: int | None = rss_bytes(trim=True) if o.baseline == 0 else None
-    mem_base = memory_breakdown()
-    start = last_progress = time.monotonic()
-    done = 0
-    while done < o.collectives:
-        if (
-            o.seconds
-            and done % 64 == 0
-            and WORLD.allreduce(time.monotonic() - start >= o.seconds, op=MPI.LOR)
-        ):
-            break
-        c = prologue[done] if done < len(prologue) else plan.draw(done)
-        c.index = done
-        if c.target.member:
-            before = rss_bytes() if rss_base is not None else 0
-            problem = run(c)
-            label = c.kind + (f" {c.algorithm}" if c.kind == "allreduce" and not c.target.torch_only else "")
-            label = f"{c.target.name}: " + (f"compressed {c.compressor}" if c.kind == "compressed" else label)
-            counts[label] = counts.get(label, 0) + 1
-            if rss_base is not None:  # which calls the growth came with, should there be any
-                grew[label] = grew.get(label, 0) + rss_bytes() - before
-            if problem:
-                wrong += 1
-                if shown < o.show:
-                    shown += 1
-                    say(f"soak WRONG rank {rank}: {c.describe()}: {problem}")
-        done += 1
-        if done == o.baseline:
-            rss_base, mem_base = rss_bytes(trim=True), memory_breakdown()
-        now = time.monotonic()
-        if rank == 0 and now - last_progress >= o.progress:
-            last_progress = now
-            grown = (
-                ""
-                if rss_base is None
-                else f" ({(rss_bytes(trim=True) - rss_base) / 2**20:+.2f} MiB since call {o.baseline}"
-                + memory_change({"mem_base": mem_base, "mem_end": memory_breakdown()})
-                + ")"
-            )
-            rss = rss_bytes() / 2**20
-            say(
-                f"soak: {done}/{o.collectives} calls, {now - start:.0f} s, "
-                f"rss {rss:.1f} MiB{grown}, wrong {wrong}"
-            )
-    elapsed = time.monotonic() - start
+    rss_base = rss_bytes(trim=True) if o.baseline == 0 else None
+    tally = Tally(o.show, rss_base=rss_base, mem_base=memory_breakdown())
+    done, elapsed = run_calls(o, plan, prologue, tally)
     rss_end, mem_end = rss_bytes(trim=True), memory_breakdown()
     for t in targets:
         t.free()
@@ -708,8 +675,8 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    mine = {"wrong": wrong, "counts": counts, "rss_base": rss_base, "rss_end": rss_end, "grew": grew,
-            "mem_base": mem_base, "mem_end": mem_end}
+    mine = {"wrong": tally.wrong, "counts": tally.counts, "rss_base": tally.rss_base, "rss_end": rss_end,
+            "grew": tally.grew, "mem_base": tally.mem_base, "mem_end": mem_end}  # fmt: skip
     everyone = WORLD.gather(mine, root=0)
     failed = report(o, everyone, done, elapsed) if rank == 0 else False
     return int(WORLD.bcast(failed, root=0))
