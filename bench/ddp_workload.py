@@ -5,21 +5,31 @@ download), scaled to [0, 1], split 80/20 stratified by the seed. Every model tak
 pixels of a batch, so one data path serves all three.
 
 Models (parameters, float32 gradient bytes per step):
-- ``mlp``: 64-1024-1024-1024-10, ReLU (2,176,010; 8.7 MB): the issue's baseline model.
+- ``mlp``: 64-1024-1024-1024-10, ReLU (2,176,010; 8.7 MB): the baseline model.
 - ``cnn``: three 3x3 convolutions (32, 64, 128 channels, two 2x2 max-pools) on the 1x8x8 image,
   then 512-512-10 (about 0.36M; 1.4 MB).
 - ``transformer``: the 8 rows of 8 pixels as 8 tokens, a linear embedding to d_model 128 plus a
   learned position embedding, 4 post-norm encoder layers (4 heads, feed-forward 512, no dropout),
   mean over tokens, 128-10 (about 0.8M; 3.2 MB).
 
-Configurations (``CONFIGS``): how one model is trained, in the issue's order. ``compute`` has no DDP
+Configurations (``CONFIGS``): how one model is trained, in the tables' order. ``compute`` has no DDP
 at all (each rank trains alone: the step without communication); the others are DDP models on
 the gloo group (torch's own hooks) or on the zcoll group (no hook: DDP's own allreduce through
 the zcoll backend; compressed: ``zcoll.torch.apply_gradient_compression`` with error feedback).
+``FIXED``: the zcoll configurations with one method throughout, which compression='auto' is judged
+against.
+
+Run as a script, it checks that the optimizers step alike (``--optimizer adam-fused`` stands in
+for torch's default Adam): each one trains the mlp from the same initial weights on the same
+batch for a few steps, and the parameters are saved for comparison::
+
+    python bench/ddp_workload.py --optimizers adam,adam-fused --steps 2 --save steps.pt
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -219,6 +229,18 @@ CONFIGS: Dict[str, Config] = {
         Config("zcoll-guarded-top1%", "zcoll", auto=True, compressor=lambda: _guarded("top1%")),
     ]
 }
+FIXED = [
+    "zcoll",
+    "zcoll-fp16",
+    "zcoll-bf16",
+    "zcoll-int8",
+    "zcoll-int4",
+    "zcoll-top10%",
+    "zcoll-sign",
+    "zcoll-top1%",
+]
+
+
 def auto_decided() -> int:
     """The step by which a default zcoll.AutoCompression has decided, at the latest (its start
     step, the screen and the longest final)."""
@@ -310,3 +332,44 @@ def parse_buckets(text: str, allow_suggested: bool = True) -> List[str]:
 def parameters_of(model: nn.Module) -> List[torch.Tensor]:
     inner = model.module if hasattr(model, "module") else model
     return list(inner.parameters())
+
+
+# -- the optimizers' check ------------------------------------------------------------------------
+def step_each_optimizer(names: List[str], steps: int, seed: int = 0, rows: int = 64) -> Dict[str, Any]:
+    """The mlp trained `steps` steps by each named optimizer from the same initial weights on the
+    same `rows` training rows: {"start": parameters, name: {"parameters": ..., "fused": bool}}."""
+    data = load_digits(seed=seed)
+    x, y = data.x_train[:rows], data.y_train[:rows]
+    models = [make_model("mlp", seed=seed) for _ in names]
+    opts = [make_optimizer(name, m, lr=1e-3) for name, m in zip(names, models)]
+    saved: Dict[str, Any] = {"start": [p.detach().clone() for p in models[0].parameters()]}
+    for _ in range(steps):
+        for m, o in zip(models, opts):
+            o.zero_grad()
+            loss_of(m, x, y).backward()
+            o.step()
+    for name, m, o in zip(names, models, opts):
+        parameters = [p.detach().clone() for p in m.parameters()]
+        saved[name] = {"parameters": parameters, "fused": bool(o.defaults["fused"])}
+    return saved
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated optimizer names")
+    p.add_argument("--steps", type=int, default=2, help="steps each optimizer takes (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="of the weights and the data split (default 0)")
+    p.add_argument("--save", required=True, help="torch.save the start and each optimizer's parameters here")
+    args = p.parse_args(argv)
+    saved = step_each_optimizer(args.optimizers.split(","), args.steps, args.seed)
+    torch.save(saved, args.save)
+    names = [n for n in saved if n != "start"]
+    first = saved[names[0]]["parameters"]
+    for name in names[1:]:
+        diff = max((a - b).abs().max().item() for a, b in zip(first, saved[name]["parameters"]))
+        print(f"{name} vs {names[0]} after {args.steps} steps: largest difference {diff:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
