@@ -12,8 +12,8 @@ train/test split and the batch order), ``--batch`` rows per rank per step, for `
 After every step all ranks compare a digest of their parameters: a difference stops the job.
 
 Models: ``small``, the MLP of examples/train_digits.py (64-128-64-10, 17K parameters, one DDP
-bucket), and ``large``, the issue's 64-1024-1024-1024-10 (2.2M parameters; DDP rebuilds its
-single first-step bucket into two after step 1).
+bucket), and ``large``, 64-1024-1024-1024-10 (2.2M parameters; DDP rebuilds its single first-step
+bucket into two after step 1). Data: bench/ddp_workload.py's digits split (the example's).
 
 Methods (``--methods``): ``gloo`` (the reference), ``zcoll`` (uncompressed), and ``int8``,
 ``int4``, ``sign`` (``GradientQuantizer(bits=8|4|1)``) and ``top1%`` (``TopK(0.01)``) through
@@ -45,8 +45,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("MPIR_CVAR_DEVICE_COLLECTIVES", "none")  # MPICH's own collectives spin otherwise
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
 
 RESULT_TAG = "ACCURACY-RESULT "
 MODELS = ("small", "large")
@@ -132,11 +130,16 @@ def options() -> argparse.Namespace:
 
 def make_model(name: str, seed: int):
     import torch
-    from train_digits import make_net
 
-    if name == "small":
-        return make_net(seed)
     torch.manual_seed(seed)
+    if name == "small":  # examples/train_digits.py's make_net
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 128),
+            torch.nn.ReLU(),
+            torch.nn.Linear(128, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 10),
+        )
     layers, width = [], 64
     for out in (1024, 1024, 1024):
         layers += [torch.nn.Linear(width, out), torch.nn.ReLU()]
@@ -206,15 +209,16 @@ def check_identical(world, module, where: str) -> None:
 def worker(args) -> None:
     import torch
     import zcoll.torch
+    from ddp_workload import load_digits
     from mpi4py import MPI
-    from train_digits import load_digits
 
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     groups = zcoll.torch.init_gloo_beside_zcoll(world)
     for model_name in args.models:
         for seed in args.seeds:
-            data = load_digits(seed)
+            d = load_digits(seed)
+            data = (d.x_train, d.y_train, d.x_test, d.y_test)
             for method in args.methods:
                 r = train_one(args, world, groups, model_name, method, seed, data)
                 if world.rank == 0:

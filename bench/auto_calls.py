@@ -5,7 +5,7 @@ op="avg", compression=..., key=name, out=p.grad)``), auto against uncompressed a
 method, in one job.
 
     mpirun -n 2 python bench/auto_calls.py [--model mlp] [--rounds 8] [--block 8]
-    python bench/testbed.py --nodes 1,1 --inter 1gbit -- python bench/auto_calls.py   # 1 Gbit/s link
+    python -m zcoll.tools.testbed --nodes 1,1 --inter 1gbit -- python bench/auto_calls.py   # 1 Gbit/s link
 
 Every configuration trains its own copy of the model (the same initial weights, the same batches of
 scikit-learn's digits, torch's fused Adam). All first run --warmup steps (auto's trials and
@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("MPIR_CVAR_DEVICE_COLLECTIVES", "none")
 import ddp_workload as wl  # noqa: E402
 import numpy as np  # noqa: E402

@@ -42,7 +42,6 @@ import hashlib
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,8 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_workload as wl  # noqa: E402
+import ddp_workload as wl
 
 HANG_FLOOR_S = 10.0  # the watchdog never fires earlier than this
 HANG_FACTOR = 20.0  # ... nor before 20x the slowest step seen so far

@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("MPIR_CVAR_DEVICE_COLLECTIVES", "none")
 import ddp_workload as wl  # noqa: E402
 import torch  # noqa: E402

@@ -2,7 +2,7 @@
 """The step profiler on three constructed cases, and its suggestions followed.
 
     mpirun -n 2 python -m mpi4py bench/profiler_cases.py --case overhead --follow bucket
-    # over a slow link (bench/emulated_network.py's namespace; tests/test_profiler.py sets one up):
+    # over a slow link (a zcoll.tools.netns namespace; tests/bench/test_profiler_cases.py sets one up):
     mpirun -n 2 python -m mpi4py bench/profiler_cases.py --case link --follow compression,accumulation
 
 Cases (DDP on zcoll, Adam, one thread per rank):
@@ -157,6 +157,40 @@ def say(msg):
         sys.stdout.flush()
 
 
+def follow_one(args, root, kind: str, a: dict, base, cap) -> dict:
+    """Follows the profile's `kind` suggestion in blocks interleaved with the profiled setting;
+    what it measured against what the model predicted (rank 0; {} on the others)."""
+    s = next((s for s in a["suggestions"] if s["kind"] == kind), None)
+    if s is None:
+        say(f"  no {kind} suggestion to follow")
+        return {"kind": kind, "suggestion": None}
+    k = s.get("steps", 1)
+    new_cap = s["bucket_cap_mb"] if s["bucket_cap_mb"] is not None else cap  # None: keep the caps
+    follow = Trainer(args, new_cap, method=s.get("method"), accumulation=k)
+    a_dir, b = interleaved(args, root, kind, base, follow, k)
+    if "error" in b:
+        raise RuntimeError(f"the {kind} run could not be analysed: {b['error']}")
+    measured = b.get("micro_batch_s", b["step_s"]) if kind == "accumulation" else b["step_s"]
+    if dist.get_rank() != 0:
+        return {}
+    base_s, predicted = interleaved_base(a_dir, s)
+    err = measured / predicted - 1
+    say(
+        f"  followed {kind} ({s['text'][:80]}): measured {measured * 1e3:.2f} ms, predicted "
+        f"{predicted * 1e3:.2f} ms from the interleaved base steps ({err:+.1%}), which took "
+        f"{base_s * 1e3:.2f} ms ({base_s / measured:.2f}x); first prediction {s['predicted_s'] * 1e3:.2f} ms"
+    )
+    return {
+        "kind": kind,
+        "suggestion": s,
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "base_s": base_s,
+        "error": err,
+        "verdict": b["verdict"],
+    }
+
+
 def main(argv=None):
     args = options(argv)
     zcoll.torch.init_process_group()
@@ -183,37 +217,9 @@ def main(argv=None):
         "follow": [],
     }
     for kind in [k for k in args.follow.split(",") if k]:
-        s = next((s for s in a["suggestions"] if s["kind"] == kind), None)
-        if s is None:
-            say(f"  no {kind} suggestion to follow")
-            result["follow"].append({"kind": kind, "suggestion": None})
-            continue
-        k = s.get("steps", 1)
-        new_cap = s["bucket_cap_mb"] if s["bucket_cap_mb"] is not None else cap  # None: keep the caps
-        follow = Trainer(args, new_cap, method=s.get("method"), accumulation=k)
-        a_dir, b = interleaved(args, root, kind, base, follow, k)
-        if "error" in b:
-            raise RuntimeError(f"the {kind} run could not be analysed: {b['error']}")
-        measured = b.get("micro_batch_s", b["step_s"]) if kind == "accumulation" else b["step_s"]
-        if dist.get_rank() == 0:
-            base_s, predicted = interleaved_base(a_dir, s)
-            err = measured / predicted - 1
-            say(
-                f"  followed {kind} ({s['text'][:80]}): measured {measured * 1e3:.2f} ms, predicted "
-                f"{predicted * 1e3:.2f} ms from the interleaved base steps ({err:+.1%}), which took "
-                f"{base_s * 1e3:.2f} ms ({base_s / measured:.2f}x); first prediction {s['predicted_s'] * 1e3:.2f} ms"
-            )
-            result["follow"].append(
-                {
-                    "kind": kind,
-                    "suggestion": s,
-                    "measured_s": measured,
-                    "predicted_s": predicted,
-                    "base_s": base_s,
-                    "error": err,
-                    "verdict": b["verdict"],
-                }
-            )
+        followed = follow_one(args, root, kind, a, base, cap)
+        if followed:
+            result["follow"].append(followed)
     if args.result and dist.get_rank() == 0:
         with open(args.result, "w") as f:
             json.dump(result, f)
