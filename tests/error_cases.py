@@ -1,6 +1,6 @@
 """Bad calls that must raise a clear exception before any communication.
 
-Shared by test_api.py (one rank, in process) and mpi/api.py (every rank of 2 and 3, where the
+Shared by core/test_communicator.py (one rank, in process) and mpi/api.py (every rank of 2 and 3, where the
 communicator's traffic counters must not move and the communicator must still work afterwards).
 Each entry: (name, call(comm), exception type, words its message must contain).
 """

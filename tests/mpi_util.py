@@ -7,6 +7,8 @@
    developer's shell must not change what a test checks), plus MPIR_CVAR_DEVICE_COLLECTIVES=none
    (3 and 4 ranks on 2 cores are oversubscribed: MPICH's own collectives then busy-spin) and
    OMP_NUM_THREADS=1, unless the test's `env` says otherwise; a value of None unsets a variable.
+   tests/ leads PYTHONPATH, so that the scripts in tests/mpi and tests/torch_mpi import the
+   helpers here (harness, numerics, ...) as pytest's modules do (pyproject.toml's `pythonpath`).
 2. mpirun(n, argv...): the venv's `mpirun -n n -prepend-rank` (each line starts with `[rank]`).
    python_mpirun(n, script, args...): a Python program as `python -m mpi4py`, so that an
    exception on one rank aborts the job instead of leaving the others waiting.
@@ -34,8 +36,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import pytest
-from perf_table import split_ranks  # bench/, on sys.path through conftest.py
-from proc import Finished, run_tree
+from zcoll.tools.perf_table import split_ranks
+from zcoll.tools.proc import Finished, run_tree
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -50,6 +52,7 @@ DROPPED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TO
 def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZCOLL_") and k not in DROPPED}
     env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), *filter(None, [env.get("PYTHONPATH")])])
     env.update(JOB_DEFAULTS)
     for key, value in (extra or {}).items():
         if value is None:
@@ -64,7 +67,7 @@ def tail(out: str) -> str:
 
 
 def _start(cmd: list, env, timeout: float, cwd) -> tuple:
-    """(Finished, timed_out). On timeout the whole tree is killed first (bench/proc.py)."""
+    """(Finished, timed_out). On timeout the whole tree is killed first (zcoll.tools.proc)."""
     return run_tree(cmd, job_env(env), timeout, cwd)
 
 
@@ -214,7 +217,7 @@ def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeo
                launcher: Optional[Callable[[list], list]] = None) -> ScriptJob:
     """The launch of tests/<script> with these ranks, args and env, made once per test session.
     launcher(argv) -> command: how to start the ranks (default `mpirun -n ranks -prepend-rank`;
-    e.g. an MPMD command with per-rank settings, or bench/testbed.py's namespaces)."""
+    e.g. an MPMD command with per-rank settings, or zcoll.tools.testbed's namespaces)."""
     key = (script, ranks, tuple(map(str, args)), tuple(sorted((env or {}).items())), launcher)
     if key not in _JOBS:
         _JOBS[key] = ScriptJob(script, ranks, tuple(map(str, args)), env, timeout, launcher)

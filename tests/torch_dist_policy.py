@@ -1,5 +1,5 @@
 """What the zcoll backend claims of torch's own distributed test suite, in one place for both sides
-of tests/test_torch_dist_suite.py (the rank script tests/torch_mpi/dist_suite.py and pytest).
+of tests/torch/test_dist_suite.py (the rank script tests/torch_mpi/dist_suite.py and pytest).
 
 torch 2.13's torch/testing/_internal/distributed/distributed_test.py decides many of its skips by
 the backend's *name* when the module is imported ("Only MPI supports all_to_all", "Test requires

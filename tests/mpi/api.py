@@ -1,6 +1,6 @@
 """The Python API on every kind of array object, and its errors, at any world size.
 
-    mpirun -n P python -m mpi4py tests/mpi/api.py [case ...]
+    PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/api.py [case ...]
 
 1. Objects: numpy arrays (1-D and 2-D), CPU torch tensors (float32, float16, bfloat16), an
    object with DLPack only, and buffer-protocol objects (array.array, bytearray) through every
@@ -14,12 +14,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, run_cases  # noqa: E402
+from harness import WORLD, Checks, run_cases
 
 # isort: split
 import array

@@ -1,6 +1,6 @@
 """comm.allreduce(x, op="avg", compression="auto", key=k): zcoll.AutoCompression without DDP, each
 key a bucket, a step ending where a key comes again. Any world size:
-`mpirun -n P python -m mpi4py auto_calls.py [case ...]`.
+`PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/auto_calls.py [case ...]`.
 
 Cases:
   averages   keys of 0, 1, 7, 257, 4099, 64 x 33 and 65537 elements, different on every rank and step,
@@ -20,12 +20,9 @@ Results are reported through tests/harness.py.
 
 import json
 import math
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import numpy as np

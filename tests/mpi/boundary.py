@@ -1,6 +1,6 @@
 """The boundary rules on every rank of a real job (any world size):
 
-    mpirun -n P python -m mpi4py tests/mpi/boundary.py
+    PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/boundary.py
 
 1. In-place forms: allgather with x = out[rank], reduce_scatter with out = this rank's block of
    x, allreduce / reduce / compressed allreduce with out = x (another object over the same
@@ -12,12 +12,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import numpy as np

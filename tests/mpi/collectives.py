@@ -1,6 +1,6 @@
 """Every collective x algorithm x dtype x op against a numpy reference, at any world size.
 
-    mpirun -n P python -m mpi4py tests/mpi/collectives.py [--torch] [case ...]
+    PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/collectives.py [--torch] [case ...]
 
 Cases, one per collective: allreduce reduce_scatter reduce allgather broadcast barrier. Arrays are numpy
 (every dtype numpy has: all but bfloat16); with --torch they are CPU torch tensors of bfloat16
@@ -25,12 +25,7 @@ comm.pipeline_depth rotating over PIPELINES so multi-segment code runs on small 
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, option, rng_for, run_cases  # noqa: E402
+from harness import WORLD, Checks, option, rng_for, run_cases
 
 # isort: split
 import time

@@ -1,5 +1,5 @@
 """Compressed allreduce under mpirun (any world size):
-`mpirun -n P python -m mpi4py compressed_allreduce.py [case ...]`.
+`PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/compressed_allreduce.py [case ...]`.
 
 Cases:
   identical  every compressor x dtype x size x op x segment size: results bitwise identical on
@@ -13,20 +13,13 @@ Cases:
 Results are reported through tests/harness.py.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, run_cases  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
-from error_bounds import error_bound  # noqa: E402
+from harness import WORLD, Checks, run_cases
 
 # isort: split
 import numpy as np
 import torch
 import zcoll
+from zcoll.compression.error_bounds import error_bound
 
 comm = zcoll.Communicator()
 rank, p = comm.rank, comm.size

@@ -1,7 +1,7 @@
 """The flight recorder at any world size >= 2: dumps on failure, on zcoll.dump() and on SIGUSR1,
 and `zcoll report` saying where the ranks diverged (ranks made to diverge on purpose).
 
-    ZCOLL_DUMP_DIR=DIR mpirun -n P python -m mpi4py tests/mpi/flight.py [case ...]
+    ZCOLL_DUMP_DIR=DIR PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/flight.py [case ...]
 
 Each case uses its own communicator (with a short timeout), so the report has one block per
 communicator and the cases do not see each other's records.
@@ -16,9 +16,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import WORLD, Checks, run_cases  # noqa: E402
+from harness import WORLD, Checks, run_cases
 
 # isort: split
 import numpy as np

@@ -1,9 +1,9 @@
 """Fuzzing (Hypothesis) of everything a caller hands zcoll's C++ code, in one process.
 
-    mpirun -n 1 python -m mpi4py tests/mpi/fuzz.py [--examples=N] [--seed=S] [case ...]
+    PYTHONPATH=tests mpirun -n 1 python -m mpi4py tests/mpi/fuzz.py [--examples=N] [--seed=S] [case ...]
 
 Run under mpirun so that a crash (a segfault in C++) ends this job, not the pytest process that
-launched it (tests/test_fuzz.py); one rank, because Hypothesis adapts its inputs to what it saw,
+launched it (tests/core/test_fuzz.py); one rank, because Hypothesis adapts its inputs to what it saw,
 so two ranks would not make the same calls. Each case runs one Hypothesis property for
 --examples examples (default 300; deterministic unless --seed is given) and fails with the
 shrunk falsifying example.
@@ -36,16 +36,13 @@ from __future__ import annotations
 
 import array
 import math
-import os
-import sys
 import traceback
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, option, run_cases  # noqa: E402
+from harness import Checks, option, run_cases
 
 # isort: split
 import numpy as np

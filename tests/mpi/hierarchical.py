@@ -1,7 +1,7 @@
 """The hierarchical allreduce and the topology-ordered ring over emulated nodes (ZCOLL_NODE_ID per
-rank, or bench/testbed.py's namespaces), at any world size.
+rank, or zcoll.tools.testbed's namespaces), at any world size.
 
-    mpirun ... python -m mpi4py tests/mpi/hierarchical.py --nodes=0,1,0,1 [case ...]
+    PYTHONPATH=tests mpirun ... python -m mpi4py tests/mpi/hierarchical.py --nodes=0,1,0,1 [case ...]
 
 --nodes: the node each rank is on (numbered by each node's lowest rank), as the launch set them
 up; the cases derive what to expect from it (equal nodes of more than one rank: hierarchical
@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import WORLD, Checks, option, rng_for, run_cases  # noqa: E402
+from harness import WORLD, Checks, option, rng_for, run_cases
 
 # isort: split
 import numpy as np

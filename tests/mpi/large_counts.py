@@ -1,20 +1,18 @@
 """Counts above 2^31 elements (MPI's int counts; 2 GiB of int8 per rank):
-`mpirun -n 2 python -m mpi4py large_counts.py [case ...]` (any P; 2 keeps memory at ~2 GiB a rank).
+`PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/mpi/large_counts.py [case ...]`
+(any P; 2 keeps memory at ~2 GiB a rank).
 
 Each case runs one collective on COUNT = 2^31 + 5 int8 elements in place (one buffer per rank),
 or on enough elements that the gathered result passes 2^31, and checks every element, those past
 2^31 included, against the pattern: x_r[i] = (7 i + 3 r) mod 61, whose sum over up to 2 ranks
 stays within int8 (more ranks wrap, which the reference does too). Launch one case per job
-(tests/test_large_counts.py does) so that a job holds one such buffer at a time.
+(tests/core/test_large_counts.py does) so that a job holds one such buffer at a time.
 """
 
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import numpy as np

@@ -1,7 +1,7 @@
 """Cross-rank mismatches in check mode: every rank raises zcoll.MismatchError.
 
-    ZCOLL_CHECK=1 mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=env [case ...]
-    mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=arg [case ...]   (Communicator(check=True))
+    ZCOLL_CHECK=1 PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=env [case ...]
+    PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/mismatch.py --mode=arg [case ...]  # check=True
 
 Each case has ranks pass different counts, dtypes, ops, roots, algorithms or collectives. Every rank must
 raise MismatchError (a ValueError) whose message names the field that differs; the outcomes are
@@ -11,12 +11,7 @@ still give right results. Matching calls in check mode must work as usual.
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, option, run_cases  # noqa: E402
+from harness import WORLD, Checks, option, run_cases
 
 # isort: split
 import numpy as np

@@ -1,10 +1,10 @@
 """Which ranks form a node (ZCOLL_NODE_ID, or MPI's shared-memory split), and collectives across
 emulated nodes.
 
-    mpirun ... python -m mpi4py tests/mpi/nodes.py --nodes=0,0,1,1 [case ...]
+    PYTHONPATH=tests mpirun ... python -m mpi4py tests/mpi/nodes.py --nodes=0,0,1,1 [case ...]
 
 --nodes: the node each rank must find itself on (numbered by each node's lowest rank), as the
-launch set them up (ZCOLL_NODE_ID per rank, or bench/testbed.py's namespaces).
+launch set them up (ZCOLL_NODE_ID per rank, or zcoll.tools.testbed's namespaces).
 
 1. node_map: node_count, node_of(r) for every r, local_ranks and local_size agree with --nodes
    on every rank; node_of refuses a rank out of range.
@@ -16,12 +16,7 @@ launch set them up (ZCOLL_NODE_ID per rank, or bench/testbed.py's namespaces).
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, option, run_cases  # noqa: E402
+from harness import WORLD, Checks, option, run_cases
 
 # isort: split
 import numpy as np

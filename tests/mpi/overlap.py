@@ -1,5 +1,5 @@
 """Overlapping input and output, every collective and every shape, numpy and torch:
-`mpirun -n P python -m mpi4py overlap.py [case ...]` (any P).
+`PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/overlap.py [case ...]` (any P).
 
 zcoll's rule (docs/errors.md): out must share no memory with x, except in the in-place
 position, which each collective names (allreduce, reduce, compressed allreduce: out = x's own
@@ -19,12 +19,7 @@ and lengths that give each shape, on every rank alike:
 Accepted calls are checked against exact results (x_r[i] = f(r, i), small integers).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import numpy as np

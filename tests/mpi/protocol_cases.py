@@ -2,12 +2,7 @@
 tests/test_mpi_util.py: run on 2 ranks, all cases in file order; with --fail-after, only the
 passing case, and then the job fails in its teardown."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import WORLD, Checks, option, run_cases  # noqa: E402
+from harness import WORLD, Checks, option, run_cases
 
 
 def case_passes(ck: Checks):

@@ -1,17 +1,14 @@
 """Link telemetry through comm.link_stats() and comm.diagnose() at any world size >= 2.
 
-    mpirun -n P python -m mpi4py tests/mpi/telemetry.py [case ...]
+    PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/telemetry.py [case ...]
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import numpy as np

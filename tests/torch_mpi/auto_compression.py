@@ -2,18 +2,16 @@
 within the trial steps, escalation of a corrupting codec within one check interval (and none
 without the fault), stepping back down, re-deciding on drift, the metrics log, recommend()
 without applying anything.
-Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/auto_compression.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/auto_compression.py [case ...]
 """
 
 import json
 import math
 import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import torch
@@ -247,7 +245,7 @@ def case_redecides_on_drift(ck: Checks):
     auto = zcoll.AutoCompression(
         methods=("none", "int8"), trial_repeats=2, final_rounds=0, check_every=2, drift=0.0
     )
-    auto.drift.another_would_win = lambda *what: True  # judged in test_auto_compression.py
+    auto.drift.another_would_win = lambda *what: True  # judged in tests/tune/test_drift.py
     train(auto, 15)  # decided at 5; drift checks at 6 and 8 -> re-decide; trials 9-12, decided at 13
     again = events(auto, "redecide")
     ck.check(len(again) >= 1 and again[0]["step"] == 8, "re-decided after two drifting checks", f"{again}")

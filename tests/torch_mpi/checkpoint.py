@@ -1,16 +1,14 @@
 """zcoll.torch.checkpoint under mpirun: DDP with compression resumes bit-exactly (several buckets,
 per-rank residuals), a rank that cannot write makes every rank raise, and a checkpoint of N
 ranks loads on another rank count with the residuals averaged.
-Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/checkpoint.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/checkpoint.py [case ...]
 """
 
 import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import hashlib

@@ -2,17 +2,14 @@
 
 Inputs differ per rank and index (x_r[i] = f(r, i)), small integers so that every dtype, bf16
 included, represents sums and products exactly; AVG compares with a tolerance.
-Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/collectives.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 3 python -m mpi4py tests/torch_mpi/collectives.py [case ...]
 """
 
-import os
-import sys
 import time
 from datetime import timedelta
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import torch

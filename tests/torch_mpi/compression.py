@@ -5,15 +5,10 @@ Every case trains a small model on the same data with the hook and without it (u
 zcoll), checks that every rank holds identical parameters after every step, that the compressed
 run stays within the compressor's tolerance of the uncompressed one, and where the compressor
 shrinks the payload that fewer bytes crossed the network.
-Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/compression.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/compression.py [case ...]
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import torch

@@ -1,15 +1,10 @@
 """DDP on the zcoll backend: training steps with and without hooks against a single-process
 reference on the whole batch, identical parameters on every rank, gradient accumulation equal to
 the large-batch step with N times fewer bytes.
-Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/ddp.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/ddp.py [case ...]
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-
-from harness import Checks, run_cases  # noqa: E402
+from harness import Checks, run_cases
 
 # isort: split
 import torch

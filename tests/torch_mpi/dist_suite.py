@@ -15,22 +15,18 @@ rank. What the adapter does, per test (one harness case each, named after the te
    TEST_SKIPS code stands for) or fail (the traceback). Skips are printed as
    ``ZCOLL-TORCH-SKIP <test> rank <r>: <reason>``; a failure is a failed check with the traceback.
 
-Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/dist_suite.py [test_name ...]
+Run: PYTHONPATH=tests mpirun -n 3 python -m mpi4py tests/torch_mpi/dist_suite.py [test_name ...]
 """
 
 import os
 import shutil
-import sys
 import tempfile
 import traceback
 import unittest
 from datetime import timedelta
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, TESTS)
-
-from harness import WORLD, Checks, run_cases, say  # noqa: E402
-from torch_dist_policy import claimed, test_names  # noqa: E402
+from harness import WORLD, Checks, run_cases, say
+from torch_dist_policy import claimed, test_names
 
 RANK, SIZE = WORLD.rank, WORLD.size
 PG_TIMEOUT = 60.0  # seconds: a test that hangs fails with zcoll.TimeoutError instead of the job

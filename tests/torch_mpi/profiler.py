@@ -1,19 +1,17 @@
 """The step profiler (zcoll.torch.profile, zcoll.trace) on real DDP steps: the files, the phases
 and buckets on every rank, a valid Chrome trace, clocks aligned (also with a skewed and drifting
 clock), torch.profiler ranges, gloo models, pausing, the step limit.
-Run: mpirun -n 2 python -m mpi4py tests/torch_mpi/profiler.py [case ...]
+Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/profiler.py [case ...]
 """
 
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from chrome_trace import validate  # noqa: E402
-from harness import WORLD, Checks, run_cases  # noqa: E402
+from chrome_trace import validate
+from harness import WORLD, Checks, run_cases
 
 # isort: split
 import numpy as np

@@ -7,16 +7,14 @@
   torchrun     under torchrun with 2 processes: a clear error telling to use mpirun (each process
                is an MPI world of its own there, so each reports the case)
 
-Run: mpirun -n 3 python -m mpi4py tests/torch_mpi/startup.py plain helper
+Run: PYTHONPATH=tests mpirun -n 3 python -m mpi4py tests/torch_mpi/startup.py plain helper
      torchrun --standalone --nproc_per_node 2 tests/torch_mpi/startup.py torchrun
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-from harness import WORLD, Checks, run_cases  # noqa: E402
+from harness import WORLD, Checks, run_cases
 
 # isort: split
 import socket
