@@ -28,4 +28,4 @@ def test_auto_calls_bench_runs():
     rc, out = python_mpirun(2, bench, *args, timeout=300)
     assert rc == 0, out
     assert "cnn, 2 ranks, 4 timed steps each" in out and "| auto |" in out and "| sign |" in out, out
-    assert "auto decided at step 4" in out, out
+    assert "auto decided at step 6" in out, out

@@ -136,11 +136,11 @@ def case_refusals(ck: Checks):
 
 def case_resumes(ck: Checks):
     keys = {"a": 4099, "b": 65537}
-    first = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=5)
+    first = zcoll.AutoCompression(trial_repeats=2, check_every=5)
     steps(first, 1 + (first.trials.end - first.trials.first) + 2, keys)
     state = first.state_dict()
     ck.check(first.decided_step is not None, "decided", f"{first.decided_step}")
-    second = zcoll.AutoCompression(trial_repeats=2, final_rounds=2, check_every=5)
+    second = zcoll.AutoCompression(trial_repeats=2, check_every=5)
     second.load_state_dict(state)
     ck.check(
         second._call_step == first._call_step + 1,

@@ -85,14 +85,6 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         seconds=1e-3,
     )
     log.write(
-        "screen",
-        step=1,
-        window_s={"none": 3.5e-3, "int8": 1.5e-3},
-        typical_step_s=0.01,
-        plan={"ddp/bucket0/10": "int8"},
-        finalists=[],
-    )
-    log.write(
         "decision",
         step=2,
         bucket="ddp/bucket0/10",
@@ -103,6 +95,7 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
         predicted_gain_s=2e-3,
         predicted={"none": 3e-3, "int8": 1e-3},
         measured_trial={"none": 3.1e-3, "int8": 1.1e-3},
+        predicted_error=0.0099,
     )
     log.write(
         "measured",
@@ -135,11 +128,11 @@ def test_zcoll_report_reads_a_metrics_log(tmp_path):
     rc, out = run([sys.executable, "-m", "zcoll", "report", str(tmp_path)], timeout=120)
     assert rc == 0, out
     for want in (
-        "int8: 1.00 / 1.10 (none 3.10)",
+        "int8: 1.00 / 1.10 (none 3.10), error 0.99%",
         "median |error| 10.0%",
         "typical calls (each bucket's median call times its calls): median |error| 3.0%",
         "the trials' model alone (no interval learned from): median |error| 37.5%",
-        "screen at step 1 (median windows, ms; a step 10.00): int8 1.50, none 3.50; final: -",
+        "int8 against the average gradient: 60.00% measured (median), 0.99% predicted by the trials",
         "exact checks, int8: 1, worst relative error 0.5",
         "escalate  ddp/bucket0/10 int8 -> bf16",
         "3.9x",

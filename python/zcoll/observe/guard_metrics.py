@@ -149,7 +149,7 @@ def _serve(log: MetricsLog, port: int) -> Any:
 
 
 # -- zcoll report ------------------------------------------------------------------------------------
-EVENTS = ("bucket", "screen", "decision", "measured", "check", "escalate", "relax", "redecide", "guard_cost")
+EVENTS = ("bucket", "decision", "measured", "check", "escalate", "relax", "redecide", "guard_cost")
 
 
 def is_metrics_log(path: Any) -> bool:
@@ -172,20 +172,13 @@ def _errors(measured: List[Dict[str, Any]], field: str) -> str:
 
 def report(path: Any) -> str:
     """What ``zcoll report`` prints for a metrics log: the decisions (method, reason, predicted
-    vs the trials' measurement), predicted vs measured communication per check, the exact checks
-    per method (worst error against its bound), escalations and relaxations, and per bucket and
-    method the mean compression ratio and residual-to-gradient norm ratio."""
+    vs the trials' measurement of its time and of its error against the exact average), predicted
+    vs measured communication per check, the exact checks per method (worst error against its
+    bound, and the error against the average gradient as measured against the trials'
+    prediction), escalations and relaxations, and per bucket and method the mean compression
+    ratio and residual-to-gradient norm ratio."""
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     out = [f"compression metrics: {path} ({len(rows)} events)"]
-    for r in rows:
-        if r["event"] == "screen":
-            windows = ", ".join(
-                f"{m} {1e3 * t:.2f}" for m, t in sorted(r["window_s"].items(), key=lambda kv: kv[1])
-            )
-            out.append(
-                f"screen at step {r['step']} (median windows, ms; a step {1e3 * r['typical_step_s']:.2f}): {windows}; "
-                f"final: {', '.join(r['finalists']) or '-'}"
-            )
     for section in (_decision_lines, _measured_lines, _guard_lines):
         out += section(rows)
     return "\n".join(out) + "\n"
@@ -196,15 +189,17 @@ def _decision_lines(rows: List[Dict[str, Any]]) -> List[str]:
     out: List[str] = []
     decisions = [r for r in rows if r["event"] == "decision"]
     if decisions:
-        out.append("decisions (predicted / measured in the trials, ms):")
+        out.append("decisions (predicted / measured in the trials, ms; error against the exact average):")
         for r in decisions:
             m = r["method"]
             trial = r.get("measured_trial", {}).get(m)
             none = r.get("measured_trial", {}).get("none")
+            error = r.get("predicted_error")
             out.append(
                 f"  step {r['step']:>4} {r['bucket']:<28} {m:>7}: {1e3 * r['predicted_s']:.2f} / "
                 + (f"{1e3 * trial:.2f}" if trial is not None else "-")
                 + (f" (none {1e3 * none:.2f})" if none is not None else "")
+                + (f", error {100 * error:.2f}%" if error is not None else "")
                 + f"  {r['reason']}"
             )
     return out
@@ -250,9 +245,19 @@ def _guard_lines(rows: List[Dict[str, Any]]) -> List[str]:
     for r in rows:
         if r["event"] == "check":
             checks.setdefault(r["method"], []).append((r["error"], r["bound"]))
+    predicted = {
+        r["method"]: r["predicted_error"] for r in rows if r["event"] == "decision" and "predicted_error" in r
+    }
     for m, cs in sorted(checks.items()):
         worst = max(e for e, _ in cs)
         out.append(f"exact checks, {m}: {len(cs)}, worst relative error {worst:.3g} (bound {cs[0][1]:.3g})")
+        steps = sorted(
+            r["step_error"] for r in rows if r["event"] == "check" and r["method"] == m and "step_error" in r
+        )
+        if steps:
+            trial = f"{100 * predicted[m]:.2f}%" if m in predicted else "-"
+            out.append(f"  {m} against the average gradient: {100 * steps[len(steps) // 2]:.2f}% measured (median), "
+                       f"{trial} predicted by the trials")  # fmt: skip
     for r in rows:
         if r["event"] in ("escalate", "relax", "redecide"):
             what = (

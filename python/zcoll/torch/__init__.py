@@ -12,7 +12,8 @@ process group). Under mpirun no MASTER_ADDR is needed::
     opt = zcoll.torch.optim.Adam(model.parameters(), lr=1e-3, gradient_accumulation_steps=4, model=model)
 
 Modules: ``backend`` (the process group), ``hooks`` (DDP communication hooks), ``accumulate`` and
-``optim`` (gradient accumulation), ``checkpoint`` (save and resume bit-exactly, for ``zcoll run``),
+``optim`` (gradient accumulation), ``lr_scaling`` (the learning-rate rule for a changed global
+batch), ``checkpoint`` (save and resume bit-exactly, for ``zcoll run``),
 ``profiler`` (the step profiler: ``zcoll.torch.profile(ddp)``,
 or ``ZCOLL_TRACE=dir`` for every DDP model of a program; read with ``zcoll report dir``).
 """
@@ -28,6 +29,7 @@ from ._work import ZcollWork
 from .accumulate import GradientAccumulator
 from .backend import ProcessGroupZcoll
 from .hooks import CompressionState, allreduce_hook, apply_gradient_compression, compression_hook
+from .lr_scaling import LRScaling, global_batch
 from .profiler import StepProfiler, profile
 from .recommend import recommend
 
@@ -39,6 +41,7 @@ __all__ = [
     "init_gloo_beside_zcoll",
     "CompressionState",
     "GradientAccumulator",
+    "LRScaling",
     "ProcessGroupZcoll",
     "ProcessLocalStore",
     "ZcollWork",
@@ -47,6 +50,7 @@ __all__ = [
     "checkpoint",
     "compression_hook",
     "hooks",
+    "global_batch",
     "init_process_group",
     "optim",
     "profile",

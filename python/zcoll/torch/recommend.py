@@ -55,7 +55,7 @@ def recommend(
     if isinstance(auto, AutoCompression) and auto.decided_step is not None:
         return dict(auto.report(), source="the hook's trial steps (compression='auto')")
     comm = _zcoll_group(ddp.process_group, "recommend").communicator
-    calibration, codecs = calibrate(comm, methods)
+    calibration, codecs = calibrate(comm, methods, sizes=(256, 1 << 20, 4 << 20))
     model = cm.fit(calibration, codecs, comm.size)
     buckets = [(f"bucket{i}", n, 0.0) for i, n in enumerate(bucket_bytes(ddp))]
     decisions = cm.decide(model, buckets, methods, margin, min_gain)

@@ -11,7 +11,7 @@ Everything runs on the process group's ordered worker, in bucket order (or in th
 of keys), so every collective it adds is issued in the same order on every rank; every decision
 is made from allreduced numbers by deterministic code, so it is identical on every rank.
 
-The parts, each with one job: auto_config (what it may do), trials (calibration, screen, final,
+The parts, each with one job: auto_config (what it may do), trials (calibration, side trials,
 decision), guard (metrics, exact checks, escalation), drift (after a decision, measured against
 predicted communication every ``check_every`` steps: off by more than ``drift`` at two checks in a
 row, when another method would now win, or a changed link verdict from ``comm.diagnose()`` every
@@ -92,14 +92,13 @@ class AutoCompression:
 
     # -- which method ---------------------------------------------------------------------------
     def method(self, key: str, step: int, nbytes: int) -> str:
-        """The method bucket `key` (of nbytes) goes with at `step`: the trials' method of the
-        step; once decided, the bucket's decision (escalated by the guard); a key first seen
-        after the decision, the model's choice for its size (no overlap assumed); else none."""
-        if step in self.trials:
-            return self.trials.candidate(step).method(key)
-        if key in self.guard.path:
+        """The method bucket `key` (of nbytes) goes with at `step`: none in the trials (the
+        candidates run beside it); once decided, the bucket's decision (escalated by the guard);
+        a key first seen after the decision, the model's choice for its size (no overlap
+        assumed); else none."""
+        if key in self.guard.path and step not in self.trials:
             return self.guard.path[key][-1]
-        if self.decided_step is not None and self.model is not None:
+        if self.decided_step is not None and self.model is not None and step not in self.trials:
             c = self.config
             return cm.decide(self.model, [(key, nbytes, 0.0)], self.allowed, c.margin, c.min_gain)[0].method
         return "none"
@@ -127,6 +126,13 @@ class AutoCompression:
             return self._uncompressed(comm, buf, key, step, last)
         x = as_array(buf)
         method = self._prepare(comm, key, step, x, ready)
+        if step in self.trials:
+            out = self.trials.run(comm, buf, key, step, ready - self._step_ready0)
+            for m in self.trials.candidates:  # (beside it, on a copy)
+                self.calls_by_method[m] = self.calls_by_method.get(m, 0) + 1
+            if last:
+                self._end_step(comm, step)
+            return out
         guarded = self.config.guard and method != "none"
         with self.guard.spent:
             idx = self.guard.sample_indices(key, step, x.size) if guarded and self._check_step(step) else None
@@ -138,9 +144,7 @@ class AutoCompression:
         y = as_array(out)
         if self.config.test_corrupt_fraction and method != "none":
             self._corrupt(y, key, step)
-        if step in self.trials:
-            self.trials.record(key, method, step, seconds, ready - self._step_ready0)
-        elif self.model is not None and key in self.guard.path:
+        if self.model is not None and key in self.guard.path:
             self.drift.calls.append((key, method, seconds))
         with self.guard.spent:
             if guarded:
@@ -193,7 +197,7 @@ class AutoCompression:
         """``comm.allreduce(x, op="avg", compression=self, key=key, out=out)``: the hook's path for
         a caller without DDP (a manual loop, Horovod-style), each key a bucket. The caller calls
         every key once per training step, in the same order on every rank; a step ends where a key
-        the step already had comes again (so the step's checks, screen and decision run at the
+        the step already had comes again (so the step's checks and decision run at the
         next step's first call, on every rank at the same point). The trials' windows run from a
         step's first call to its last call's end. Only averages (what error feedback and the
         guard's exact check compare against); float32 only (the codecs' residuals)."""
@@ -253,13 +257,11 @@ class AutoCompression:
 
     # -- collectives at a step's end (every rank, same step) --------------------------------------
     def _end_step(self, comm: Any, step: int, end: Optional[float] = None) -> None:
-        """The step's bookkeeping and its collectives (screen, decision, checks); `end`: when its
+        """The step's bookkeeping and its collectives (decision, checks); `end`: when its
         last bucket's call ended (None: now)."""
         keys, ready0, self._step_keys, self._step_ready0 = self._step_keys, self._step_ready0, [], None
-        self.trials.end_step(step, time.perf_counter() if end is None else end, ready0)
-        if step in self.trials and step == self.trials.screen_end - 1:
-            self.model = self.trials.screen(comm, keys, self.nbytes, step)
-            self.trials.restart_clock()
+        now = time.perf_counter() if end is None else end
+        self.trials.end_step(step, None if ready0 is None else now - ready0)
         if step in self.trials and step == self.trials.end - 1:
             self._decide(comm, keys, step)
         elif self.guard.pending or self._check_step(step):  # (nothing compressed: still the drift check)

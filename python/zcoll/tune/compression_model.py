@@ -29,7 +29,8 @@ rank):
 
 1. per bucket, among ``methods``, the fastest; the least lossy (LOSSINESS order) within
    ``margin`` of it; none (when a candidate) when that saves less than ``min_gain`` of the
-   uncompressed time;
+   uncompressed time; bf16 (REFERENCE, when a candidate) when a lossier pick saves less than
+   ``min_gain`` of bf16's time;
 2. then, bucket by bucket, the least lossy method that does not make the exposed time longer
    (by more than ``tolerance_s``): a bucket hidden behind the backward pass stays uncompressed.
 """
@@ -46,9 +47,13 @@ import numpy as np
 from ..compression.methods import METHODS, make_compressor
 from ..observe.step_model import LinkModel, fit_link
 
-# Least lossy first; what "auto" tries (fp16 is left out: bf16 cannot overflow).
+# Least lossy first (fp16 is left out: bf16 cannot overflow).
 LOSSINESS = ("none", "bf16", "int8", "int4", "top10%", "sign", "top1%")
-CANDIDATES = LOSSINESS
+# What "auto" tries by default: 16-bit is the reference a lossier method has to beat, and int8 is
+# as lossy as it goes without a recipe (int4, sign and top-k keep a model's quality only with a
+# warm-up and momentum correction, which the caller's optimizer has to take part in).
+CANDIDATES = ("none", "bf16", "int8")
+REFERENCE = "bf16"
 # Guarded compression's escalation ladder (the issue's: sign/top-k -> int4 -> int8 -> bf16 -> none).
 ESCALATION = {
     "top1%": "int4",
@@ -59,13 +64,6 @@ ESCALATION = {
     "fp16": "none",
     "bf16": "none",
 }
-# How much of a step the final may give away to a less lossy candidate (compression_model.choose).
-# 0: the fastest measured; the guard, not the choice, keeps accuracy. The final's gap between two
-# candidates came out up to 6% of a step away from the same methods' gap over 60 steps each
-# here, so neither rule is reliable on gaps of 1-2%: across three runs of twelve set-ups the two
-# chose differently six times; a 2% margin lost 5-9% three times (int8 or int4 over sign), no
-# margin 14% once (top-1% over sign) (docs/compression.md).
-STEP_MARGIN = 0.0
 
 
 def with_escalations(methods: Sequence[str]) -> Tuple[str, ...]:
@@ -183,6 +181,11 @@ class Decision:
         return dict(asdict(self), predicted_gain_s=self.predicted_gain_s)
 
 
+def _lossier(a: str, b: str) -> bool:
+    rank = {m: i for i, m in enumerate(LOSSINESS)}
+    return rank.get(a, len(LOSSINESS)) > rank.get(b, len(LOSSINESS))
+
+
 def exposed(costs: Sequence[float], ready: Sequence[float]) -> float:
     """Communication time the step pays after its last bucket was handed over: one worker
     running the buckets in order, bucket j from max(ready_j, the previous end)."""
@@ -212,6 +215,15 @@ def decide(
         reason = f"the least lossy method within {margin:.0%} of the fastest ({min(cost, key=cost.get)})"
         if pick != "none" and "none" in cost and dense - cost[pick] < min_gain * dense:
             pick, reason = "none", f"compression would save less than {min_gain:.0%} of its time"
+        elif (
+            _lossier(pick, REFERENCE)
+            and REFERENCE in cost
+            and cost[REFERENCE] - cost[pick] < min_gain * cost[REFERENCE]
+        ):
+            pick, reason = (
+                REFERENCE,
+                f"{pick} would save less than {min_gain:.0%} against {REFERENCE}, the reference",
+            )
         elif pick == "none":
             reason = "uncompressed is the fastest (within the margin)"
         out.append(Decision(key, int(n), pick, reason, cost[pick], dense, cost))
@@ -233,191 +245,6 @@ def decide(
                 d.method, d.predicted_s = m, d.predicted[m]
                 break
     return out
-
-
-# -- measured candidates (compression="auto"'s final trial steps) ---------------------------------
-PLAN = "plan"  # the candidate that sends each bucket with the model's choice (decide())
-# A method whose screening time (median) is within this fraction of a step of the fastest's goes
-# on to the final: two counted steps a method on a shared machine cannot tell closer ones apart.
-SCREEN_BAND = 0.25
-
-
-@dataclass
-class Candidate:
-    """A way to send a step's buckets: one method for all (name = the method), or the model's
-    per-bucket plan (name = PLAN; buckets it has not seen go uncompressed)."""
-
-    name: str
-    plan: Dict[str, str] = field(default_factory=dict)  # key -> method (PLAN only)
-
-    def method(self, key: str) -> str:
-        return self.plan.get(key, "none") if self.name == PLAN else self.name
-
-    def methods(self) -> List[str]:
-        return sorted(set(self.plan.values()) or {"none"}) if self.name == PLAN else [self.name]
-
-    @property
-    def lossiness(self) -> int:
-        """Its lossiest method's place in LOSSINESS (unknown methods after all of them)."""
-        return max(LOSSINESS.index(m) if m in LOSSINESS else len(LOSSINESS) for m in self.methods())
-
-
-def finalists(
-    screened: Dict[str, float], plan: Dict[str, str], cap: int, step_s: float, band: float = SCREEN_BAND
-) -> List[Candidate]:
-    """The candidates of the final: the methods whose screening time is within `band` x step_s
-    (a typical step) of the fastest's (fastest first, at most cap - 1 of them), and the model's
-    per-bucket plan when it differs from all of them (or cap of the methods when it does not).
-    Uncompressed, when near, always takes a seat (the last of the methods'): choose() keeps a
-    compressed candidate only when it saved min_gain against it, and that comparison is sound
-    only within the final's rounds. Measured: with uncompressed 15% of a step behind in a noisy
-    screen (CNN, 4 ranks on 2 cores, shared memory), the cap left it out, top-1% won the final
-    against its screen time and then ran 0.94x of uncompressed (0.91x of sign)."""
-    if not screened:
-        return []
-    fastest = min(screened.values())
-    near = [
-        m for m in sorted(screened, key=lambda m: (screened[m], m)) if screened[m] <= fastest + band * step_s
-    ]
-    methods = near[:cap]
-    if "none" in near and "none" not in methods:
-        methods[-1] = "none"
-    uniform = set(plan.values())
-    mixed = bool(plan) and not (len(uniform) == 1 and next(iter(uniform)) in methods)
-    if mixed and len(methods) == cap:  # the plan takes the seat of the slowest compressed method
-        methods.remove(next(m for m in reversed(methods) if m != "none"))
-    out = [Candidate(m) for m in methods]
-    return out + ([Candidate(PLAN, dict(plan))] if mixed else [])
-
-
-def paired_medians(rounds: Dict[str, Sequence[float]]) -> Dict[str, float]:
-    """Each candidate's time from a final whose candidates took turns (name -> its steps' times,
-    the r-th of each list from round r): the median over rounds of its time minus the round's
-    median, plus the median of the rounds' medians. What slows a whole round (a neighbour's
-    burst on a shared machine) cancels; a candidate's own cost does not. Rounds some candidate
-    lacks are left out, and candidates without a time."""
-    names = [n for n, t in rounds.items() if len(t)]
-    complete = min((len(rounds[n]) for n in names), default=0)
-    if not names or complete == 0:
-        return {}
-    grid = np.array([list(rounds[n])[:complete] for n in names], dtype=np.float64)
-    level = np.median(grid, axis=0)  # each round's median
-    return {n: float(np.median(grid[i] - level) + np.median(level)) for i, n in enumerate(names)}
-
-
-# A gap between two candidates' windows counts as measured when the final's rounds resolve it:
-# their median difference beyond RESOLVE_Z standard errors of it.
-RESOLVE_Z = 2.0
-
-
-@dataclass
-class FinalRounds:
-    """What the final measured beyond each candidate's median: its windows round by round (name
-    -> seconds, the r-th from round r) and its calls (name -> the sum over buckets of each
-    bucket's typical call with the candidate's method: the communication alone, measured on
-    every trial call, so far less scattered than a step). Measured (transformer, 4 ranks, the
-    emulated link, sign against top-1% for 80 rounds): the windows' round-to-round difference
-    scattered by 13 ms around a 5 ms gap, so 6 rounds put top-1% ahead in 2 of 13 blocks; the
-    calls had sign 2.2 ms ahead (3.5 in a second job), and fixed sign beat fixed top-1% in both
-    jobs (by 1.2 and 5.0 ms a step)."""
-
-    windows: Dict[str, Sequence[float]]
-    calls: Dict[str, float] = field(default_factory=dict)
-
-    def gap(self, a: str, b: str) -> Tuple[float, float]:
-        """a's window minus b's: the median over the rounds both have, and the final's resolution
-        of it (RESOLVE_Z standard errors of that median, from the differences' interquartile
-        range); (0, inf) with fewer than 3 such rounds."""
-        n = min(len(self.windows.get(a, ())), len(self.windows.get(b, ())))
-        if n < 3:
-            return 0.0, math.inf
-        d = np.asarray(self.windows[a][:n], dtype=np.float64) - np.asarray(self.windows[b][:n])
-        q1, q3 = np.percentile(d, [25, 75])
-        sigma = (q3 - q1) / 1.349  # a normal's standard deviation from its interquartile range
-        return float(np.median(d)), RESOLVE_Z * 1.2533 * sigma / math.sqrt(n)
-
-    def resolved_slower(self, a: str, b: str) -> bool:
-        """Whether the rounds show a slower than b beyond their resolution."""
-        d, resolution = self.gap(a, b)
-        return d > resolution
-
-    def judged(self, a: str, b: str) -> bool:
-        """Whether a and b both took turns in the final (else its rounds say nothing of them)."""
-        return a in self.windows and b in self.windows
-
-
-def choose(
-    candidates: Sequence[Candidate],
-    times: Dict[str, float],
-    none_s: Optional[float],
-    step_s: float,
-    min_gain: float = 0.05,
-    margin: float = STEP_MARGIN,
-    final: Optional[FinalRounds] = None,
-) -> Tuple[Candidate, str]:
-    """The candidate to train with, from the measured time each one's steps took (name ->
-    seconds, median; none_s: uncompressed steps', None when not measured) and a typical step
-    (step_s): among those measured, a compressed one only when it saved at least min_gain of a
-    step against uncompressed (and, where both took turns in the `final`, a gain its rounds
-    resolve); the least lossy within `margin` of a step of the fastest of those (ties: the
-    faster). With margin 0 (STEP_MARGIN) the fastest, or with `final`, of the fastest and the
-    candidates its rounds do not resolve as slower, the one whose calls took the least (the
-    windows see everything a method costs a step but scatter; the calls see the communication
-    only, precisely). Deterministic: the same inputs give the same choice on every rank."""
-    measured = [c for c in candidates if c.name in times]
-    if not measured:
-        raise ValueError("no candidate was measured")
-
-    def gains(c: Candidate) -> bool:
-        if none_s is None or c.name == "none":
-            return True
-        resolved = final is None or not final.judged("none", c.name) or final.resolved_slower("none", c.name)
-        return times[c.name] <= none_s - min_gain * step_s and resolved
-
-    eligible = [c for c in measured if gains(c)]
-    ms = ", ".join(
-        f"{c.name} {1e3 * times[c.name]:.2f}" for c in sorted(measured, key=lambda c: times[c.name])
-    )
-    if none_s is not None and all(c.name == "none" for c in eligible):
-        reason = (
-            f"no method saved {min_gain:.0%} of a {1e3 * step_s:.2f} ms step against uncompressed "
-            f"({1e3 * none_s:.2f} ms; medians, ms: {ms})"
-            + (" beyond the final's resolution" if final is not None else "")
-        )
-        return Candidate("none"), reason
-    eligible = eligible or measured
-    fastest = min(eligible, key=lambda c: (times[c.name], c.lossiness))
-    if margin:
-        near = [c for c in eligible if times[c.name] <= times[fastest.name] + margin * step_s]
-        pick = min(near, key=lambda c: (c.lossiness, times[c.name]))
-        rule = f"the least lossy within {margin:.0%} of a {1e3 * step_s:.2f} ms step of the fastest"
-        return pick, f"measured (median ms): {ms}; {rule}"
-    if final is None or not final.calls:
-        return fastest, f"measured (median ms): {ms}; the fastest"
-    return _by_calls(eligible, fastest, final, ms)
-
-
-def _by_calls(
-    eligible: List[Candidate], fastest: Candidate, final: FinalRounds, ms: str
-) -> Tuple[Candidate, str]:
-    """Of the fastest and the candidates the final does not resolve as slower, the one whose
-    calls took the least (choose)."""
-    tied = [fastest] + [
-        c
-        for c in eligible
-        if c is not fastest and c.name in final.calls and not final.resolved_slower(c.name, fastest.name)
-    ]
-    pick = min(tied, key=lambda c: (final.calls.get(c.name, math.inf), c.lossiness))
-    why = f"measured (median ms): {ms}"
-    if len(tied) == 1:
-        return pick, why + "; the fastest, ahead beyond the final's resolution"
-    gaps = [(c.name, *final.gap(c.name, fastest.name)) for c in tied[1:]]
-    unresolved = ", ".join(f"{name} {1e3 * d:+.2f} +- {1e3 * r:.2f}" for name, d, r in gaps)
-    calls = ", ".join(f"{c.name} {1e3 * final.calls.get(c.name, math.nan):.2f}" for c in tied)
-    return pick, (
-        f"{why}; the rounds do not resolve {unresolved} ms against {fastest.name}: "
-        f"the least calls ({calls} ms)"
-    )
 
 
 def render(decisions: Sequence[Decision]) -> str:
