@@ -171,7 +171,7 @@ def train_one(args, world, groups, model_name: str, method: str, seed: int, data
                 variance_floor=args.variance_floor, mask_momentum={"on": True, "off": False}.get(args.mask)
             )
         zcoll.torch.apply_gradient_compression(
-            model, compressor(base), warmup, optimizer=None if variant else opt, **extra
+            model, compressor(base), warmup, optimizer=None if variant else opt, plain=bool(variant), **extra
         )
     t0, loss = time.perf_counter(), None
     for epoch in range(args.epochs):

@@ -306,7 +306,7 @@ def wrap(
     elif config.compressor is not None:
         import zcoll.torch
 
-        zcoll.torch.apply_gradient_compression(ddp, config.compressor())
+        zcoll.torch.apply_gradient_compression(ddp, config.compressor(), plain=True)
     return ddp
 
 

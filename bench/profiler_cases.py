@@ -95,7 +95,7 @@ class Trainer:
         kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
         self.ddp = DDP(make_net(widths(args)), **kwargs)
         if method not in (None, "none"):
-            zcoll.torch.apply_gradient_compression(self.ddp, zcoll.torch.tracer.compressor(method))
+            zcoll.torch.apply_gradient_compression(self.ddp, zcoll.torch.tracer.compressor(method), plain=True)
         self.opt = torch.optim.Adam(self.ddp.parameters(), lr=1e-3)
         if accumulation > 1:
             self.opt = zcoll.torch.GradientAccumulator(self.opt, accumulation, model=self.ddp)

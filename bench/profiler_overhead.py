@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     )
     ddp = DDP(net, **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
     zcoll.torch.apply_gradient_compression(
-        ddp, None if args.compression == "none" else zcoll.torch.tracer.compressor(args.compression)
+        ddp, None if args.compression == "none" else zcoll.torch.tracer.compressor(args.compression), plain=True
     )
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(rank)

@@ -101,7 +101,7 @@ def sgd_run(correct: bool, steps=5):
     model = DDP(wide_net())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3)
     if correct:
-        zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), optimizer=opt, **NO_COMPRESSION)
+        zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 0, optimizer=opt, **NO_COMPRESSION)
     for step in range(steps):
         x, y, _, _ = batch(step)
         opt.zero_grad()
@@ -165,7 +165,7 @@ def case_adam_variance_freezes_after_warmup(ck: Checks):
 def case_momentum_is_masked_where_sent(ck: Checks):
     model = DDP(wide_net())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), optimizer=opt)
+    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 0, optimizer=opt)
     for step in range(3):
         x, y, _, _ = batch(step)
         opt.zero_grad()
@@ -223,6 +223,31 @@ def case_state_dict_resumes_exactly(ck: Checks):
     state2.load_state_dict(saved[2])
     train_steps(model2, opt2, 4, 7)
     ck.check(torch.equal(flat(model2.parameters()), uninterrupted), "resumed == uninterrupted, bit for bit")
+
+
+def case_recipes_by_default(ck: Checks):
+    """Top-k and sign get their published recipe through apply_gradient_compression (momentum
+    correction after a dense warm-up), need the optimizer for it, and are plain one keyword away."""
+    hooks = zcoll.torch.hooks
+    ck.raises(
+        ValueError,
+        lambda: zcoll.torch.apply_gradient_compression(DDP(wide_net()), zcoll.TopK(0.01)),
+        "optimizer=",
+        "plain=True",
+    )
+    for compressor in (zcoll.TopK(0.01), zcoll.GradientQuantizer(bits=1), zcoll.RandomK(0.01)):
+        model = DDP(wide_net())
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        state = zcoll.torch.apply_gradient_compression(model, compressor, optimizer=opt)
+        ck.check(
+            state.momentum is not None and state.warmup_steps == hooks.RECIPE_WARMUP_STEPS,
+            f"{compressor!r}: momentum correction after the default warm-up",
+        )
+        plain = zcoll.torch.apply_gradient_compression(DDP(wide_net()), compressor, optimizer=opt, plain=True)
+        ck.check(plain.momentum is None and plain.warmup_steps == 0, f"{compressor!r}: plain=True, error feedback only")
+    for compressor in (zcoll.GradientQuantizer(bits=8), zcoll.GradientQuantizer(bits=4), zcoll.HalfPrecision("bf16")):
+        state = zcoll.torch.apply_gradient_compression(DDP(wide_net()), compressor)
+        ck.check(state.momentum is None and state.warmup_steps == 0, f"{compressor!r}: no recipe needed")
 
 
 def case_refusals(ck: Checks):

@@ -15,7 +15,7 @@ Example::
 
     model = DistributedDataParallel(net)                    # on a "zcoll" process group
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), warmup_steps=100, optimizer=opt)
+    state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), optimizer=opt)  # DGC's recipe
     # or, by hand:
     model.register_comm_hook(CompressionState(compressor=zcoll.GradientQuantizer(bits=8)), compression_hook)
 """
@@ -354,30 +354,50 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     return fut
 
 
+# The published recipes that keep a model's quality under the lossiest codecs (docs/compression.md):
+# Deep Gradient Compression for sparsifiers (momentum correction with factor masking after a dense
+# warm-up) and 1-bit Adam for sign (a full-precision warm-up, then the momentum compressed with
+# the variance frozen). Through apply_gradient_compression they are what these codecs do by
+# default; plain=True is error feedback alone.
+RECIPE_WARMUP_STEPS = 100  # when not given: about a tenth of a short run (the docs' measured setting)
+
+
+def needs_recipe(compressor: Any) -> bool:
+    """Whether `compressor` keeps a model's quality only with its recipe (top-k, random-k,
+    threshold, 1-bit sign)."""
+    return type(compressor).__name__ in SPARSIFIERS or getattr(compressor, "bits", None) == 1
+
+
 def apply_gradient_compression(
     ddp_model: Any,
     compressor: Any = None,
-    warmup_steps: int = 0,
+    warmup_steps: Optional[int] = None,
     key_prefix: str = "ddp",
     *,
     optimizer: Any = None,
+    plain: bool = False,
     **options: Any,
 ) -> CompressionState:
     """Registers :func:`compression_hook` on a DDP model whose process group is zcoll's and
     returns the hook's state (compressor None: uncompressed, as :func:`allreduce_hook`).
-    optimizer: the model's torch SGD (with momentum), Adam or AdamW, for momentum correction
-    (see :class:`CompressionState`; what top-k and sign need to keep their accuracy);
-    options: CompressionState's variance_floor, mask_momentum, dense_below.
 
-    compressor "auto" (or a zcoll.AutoCompression): each bucket's method chosen from measured
-    trial steps, then guarded (zcoll.auto_compression); ``zcoll.torch.recommend(model)`` reports
-    the decision.
+    Top-k, random-k, threshold and 1-bit sign get their published recipe by default (DGC;
+    1-bit Adam): momentum correction through ``optimizer`` (the model's torch SGD with momentum,
+    Adam or AdamW; required) after a dense warm-up of ``warmup_steps`` (default
+    RECIPE_WARMUP_STEPS; about a tenth of the run's steps did as well as more in
+    docs/compression.md). ``plain=True``: error feedback alone (no optimizer needed, warm-up 0
+    unless given). Other codecs: error feedback, with momentum correction when an optimizer is
+    given. options: CompressionState's variance_floor, mask_momentum, dense_below.
+
+    compressor "auto" (or a zcoll.AutoCompression): each bucket's method chosen from trial steps
+    that leave the model exact, then guarded (zcoll.tune.auto_compression);
+    ``zcoll.torch.recommend(model)`` reports the decision.
 
     Example::
 
         model = torch.nn.parallel.DistributedDataParallel(net)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), 100, optimizer=opt)
+        state = zcoll.torch.apply_gradient_compression(model, zcoll.TopK(0.01), optimizer=opt)
         state = zcoll.torch.apply_gradient_compression(model, "auto")
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
@@ -386,12 +406,21 @@ def apply_gradient_compression(
             f"torch.nn.parallel.DistributedDataParallel, got {type(ddp_model).__name__}"
         )
     pg = _zcoll_group(ddp_model.process_group, "apply_gradient_compression")
+    recipe = needs_recipe(compressor) and not plain
+    if recipe and optimizer is None:
+        raise ValueError(
+            f"apply_gradient_compression: {compressor!r} keeps a model's quality only with its recipe "
+            "(momentum correction after a dense warm-up, docs/compression.md): pass optimizer=<the model's "
+            "optimizer>, or plain=True for error feedback alone"
+        )
+    if warmup_steps is None:
+        warmup_steps = RECIPE_WARMUP_STEPS if recipe else 0
     state = CompressionState(
         pg,
         compressor,
         warmup_steps,
         key_prefix,
-        optimizer=optimizer,
+        optimizer=None if plain else optimizer,
         parameters=list(ddp_model.parameters()),
         **options,
     )
