@@ -34,7 +34,7 @@ from zcoll.tools.testbed import Refused, Testbed
 
 HERE = Path(__file__).resolve().parent
 SETUPS = {"shm2": (2, None), "shm4": (4, None), "net1g": (2, "1gbit"), "net100m": (2, "100mbit")}
-QUICK = {"setups": "shm2", "workloads": "cnn", "methods": "gloo,zcoll,zcoll-int8,zcoll-auto", "seeds": "0", "steps": 60}
+QUICK = {"setups": "shm2", "workloads": "cnn", "methods": "gloo,zcoll,zcoll-int8,zcoll-auto", "seeds": "0"}
 JOB_TIMEOUT = 1800
 
 
@@ -45,6 +45,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated (bench/tta_job.py lists them)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
     p.add_argument("--steps", type=int, help="override every workload's budget (quick runs)")
+    p.add_argument("--target", type=float, help="override the quality target (one workload)")
+    p.add_argument("--lr", type=float, help="override the learning rate (one workload)")
     p.add_argument("--block", type=int, default=10, help="steps per method per turn (default 10)")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     p.add_argument("--out", default="tta-out", help="directory for the JSON files, table and plots")
@@ -63,7 +65,10 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def job_argv(args: argparse.Namespace, setup: str, workload: str, seed: int, out: Path) -> List[str]:
     argv = [sys.executable, str(HERE / "tta_job.py"), "--workload", workload, "--seed", str(seed),
             "--methods", args.methods, "--block", str(args.block), "--setup", setup, "--out", str(out)]  # fmt: skip
-    return argv + (["--steps", str(args.steps)] if args.steps else [])
+    for flag in ("steps", "target", "lr"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    return argv
 
 
 def run_job(argv: List[str], setup: str) -> subprocess.CompletedProcess:

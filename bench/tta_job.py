@@ -157,6 +157,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, help="override the workload's budget (a quick run)")
+    p.add_argument("--target", type=float, help="override the workload's quality target")
+    p.add_argument("--lr", type=float, help="override the workload's learning rate")
     p.add_argument("--block", type=int, default=10, help="steps per method per turn (default 10)")
     p.add_argument("--setup", default="", help="a label written into the JSON")
     p.add_argument("--out", required=True, help="the JSON to write (rank 0)")
@@ -169,6 +171,9 @@ def main() -> int:
     w = WORKLOADS[args.workload]
     if args.steps:
         w = Workload(**{**w.__dict__, "steps": args.steps, "eval_every": min(w.eval_every, args.steps)})
+    for field in ("target", "lr"):
+        if getattr(args, field) is not None:
+            w = Workload(**{**w.__dict__, field: getattr(args, field)})
     world = MPI.COMM_WORLD
     groups = zcoll.torch.init_gloo_beside_zcoll(world, timeout=datetime.timedelta(seconds=120))
     data = w.make_data(args.seed)

@@ -89,6 +89,12 @@ def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
         lines.append(f"| {r['setup']} | {r['workload']} | {r['method']} | {r['reached']} | {time_cell} | "
                      f"{_fmt(r['vs_gloo'])}x | {_fmt(r['vs_zcoll'])}x | {_fmt(r['steps_to_target'], '.0f')} | "
                      f"{_fmt(r['final'], '.3f')} ({_fmt(r['final_range'], '.3f')}) | {_fmt(r['step_ms'], '.1f')} |")  # fmt: skip
+    groups = {(r["setup"], r["workload"]) for r in table}
+    for setup, workload in sorted(groups):
+        if not any(r["time_to_target_s"] for r in table if (r["setup"], r["workload"]) == (setup, workload)):
+            d = next(d for d in docs if (d["setup"], d["workload"]) == (setup, workload))
+            lines.append(f"\n{setup} {workload}: no method reached the target ({d['quality']} {d['target']}) within "
+                         f"the budget of {d['steps']} steps: it is beyond this budget")  # fmt: skip
     failed = [d for d in docs if d.get("job_failure")]
     for d in failed:
         lines.append(f"\njob {d['setup']} {d['workload']} seed {d['seed']} failed: {d['job_failure'][:400]}")

@@ -1,0 +1,48 @@
+"""bench/tta.py, the time-to-accuracy benchmark: its quick mode end to end (what CI runs as a smoke
+test), a target the budget cannot reach, and a diverging run stopped with the step and method."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from mpi_util import ROOT, run
+
+BENCH = ROOT / "bench" / "tta.py"
+
+
+def test_help():
+    rc, out = run([sys.executable, str(BENCH), "--help"], timeout=60)
+    assert rc == 0 and "--quick" in out and "time to" in out.lower(), out
+
+
+def test_quick_mode(tmp_path):
+    """One small workload on 2 ranks: every method trained the same budget, the table, the plot."""
+    rc, out = run([sys.executable, str(BENCH), "--quick", "--out", str(tmp_path)], timeout=600)
+    assert rc == 0, out
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("*-seed*.json")]
+    assert doc["setup"] == "shm2" and doc["workload"] == "cnn" and doc["ranks"] == 2
+    for name, r in doc["methods"].items():
+        assert r["failure"] is None and r["steps"] == doc["steps"], (name, r)
+        clocks = [e[1] for e in r["evals"]]
+        assert clocks == sorted(clocks) and clocks[0] > 0, (name, clocks)  # a clock that only runs forward
+    assert doc["methods"]["zcoll-auto"]["auto"]["decided_at_step"] == 6  # 5 trial steps from step 1
+    table = (tmp_path / "tta.md").read_text()
+    assert "| shm2 | cnn | zcoll-auto |" in table and "| shm2 | cnn | gloo |" in table, table
+    assert (tmp_path / "tta-shm2.png").stat().st_size > 10_000
+
+
+def test_a_target_beyond_the_budget_is_reported(tmp_path):
+    argv = [sys.executable, str(BENCH), "--setups", "shm2", "--workloads", "mlp", "--methods", "gloo,zcoll",
+            "--seeds", "0", "--steps", "20", "--target", "100", "--out", str(tmp_path)]  # fmt: skip
+    rc, out = run(argv, timeout=300)
+    assert rc == 0, out
+    assert "no method reached the target (test accuracy % 100.0) within the budget of 20 steps" in out, out
+
+
+def test_a_diverging_run_stops_naming_the_step_and_method(tmp_path):
+    argv = [sys.executable, str(BENCH), "--setups", "shm2", "--workloads", "mlp", "--methods", "zcoll",
+            "--seeds", "0", "--steps", "20", "--lr", "1e30", "--out", str(tmp_path)]  # fmt: skip
+    rc, out = run(argv, timeout=300)
+    assert rc == 0, out
+    assert "non-finite training loss nan at step 1 with method zcoll" in out, out
