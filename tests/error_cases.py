@@ -57,8 +57,13 @@ BAD_CALLS = [
         ValueError,
         "'bruck' " + ALGORITHM_WORDS,
     ),
-    ("allreduce numpy complex64", lambda c: c.allreduce(np.zeros(4, np.complex64)), ValueError, DTYPE_WORDS),
-    ("allgather numpy bool", lambda c: c.allgather(np.zeros(4, bool)), ValueError, DTYPE_WORDS),
+    (
+        "allreduce numpy complex256",
+        lambda c: c.allreduce(np.zeros(4, np.clongdouble)),
+        ValueError,
+        DTYPE_WORDS,
+    ),
+    ("allgather numpy int16", lambda c: c.allgather(np.zeros(4, np.int16)), ValueError, DTYPE_WORDS),
     ("broadcast numpy uint16", lambda c: c.broadcast(np.zeros(4, np.uint16)), ValueError, DTYPE_WORDS),
     (
         "allreduce torch int16",
@@ -67,8 +72,8 @@ BAD_CALLS = [
         DTYPE_WORDS,
     ),
     (
-        "allreduce torch complex64",
-        lambda c: c.allreduce(torch.zeros(4, dtype=torch.complex64)),
+        "allreduce torch uint16",
+        lambda c: c.allreduce(torch.zeros(4, dtype=torch.uint16)),
         ValueError,
         DTYPE_WORDS,
     ),

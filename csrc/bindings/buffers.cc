@@ -5,13 +5,15 @@
 //   torch    a torch.Tensor, once torch is in sys.modules (never imported here): five calls
 //            (dtype, is_cpu, is_contiguous(), data_ptr(), numel()), about 0.3 us in all, the
 //            cheapest of the ways measured (__dlpack__ costs ~2 us, torch's own C++ headers
-//            are not available to this build); dtype compared by identity with 8 cached objects.
+//            are not available to this build); dtype compared by identity with 12 cached objects.
 //   DLPack   obj.__dlpack__(max_version=(1, 0)) (without arguments for producers that refuse
 //            it): a "dltensor_versioned" capsule (with the read-only flag) or a legacy
 //            "dltensor" one, renamed "used_..." as the protocol requires; the deleter runs when
 //            the Buffer dies.
 //   buffer   PyObject_GetBuffer: format characters with '@' (native sizes), '=', '<' (standard
-//            sizes) or no prefix; integers by their item size.
+//            sizes) or no prefix; integers by their item size; '?' bool, 'Zf' / 'Zd' complex.
+// Dtypes: the eight numeric ones, bool (numpy '?', torch.bool, DLPack kDLBool) and complex32 /
+// complex64 / complex128 (torch's three, numpy's two, DLPack kDLComplex by total bits).
 // Errors keep the wording of the former Python adapter (docs/errors.md) and name the argument.
 #include "bindings/buffers.h"
 
@@ -85,9 +87,10 @@ struct DLManagedTensorVersioned {
 };
 constexpr std::uint64_t kDLFlagReadOnly = 1;
 constexpr std::int32_t kDLCPU = 1, kDLCUDAHost = 3;  // memory the CPU can address
-constexpr std::uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4;
+constexpr std::uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6;
 
-const char* const kValidDTypes = "float32, float64, float16, bfloat16, int8, uint8, int32, int64";
+const char* const kValidDTypes =
+    "float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool, complex32, complex64, complex128";
 
 [[noreturn]] void fail(const char* name, const std::string& what) {
   throw std::invalid_argument(detail::concat(name, ": ", what));
@@ -140,6 +143,15 @@ bool parse_numpy_type(char type, DType& out) {
       return true;
     case 'q':
       out = DType::kInt64;
+      return true;
+    case '?':
+      out = DType::kBool;
+      return true;
+    case 'F':
+      out = DType::kComplex64;
+      return true;
+    case 'D':
+      out = DType::kComplex128;
       return true;
     default:
       return false;
@@ -198,8 +210,9 @@ const TorchTypes* torch_types() {
   if (ready) return &t;
   PyObject* tensor = imported_attr("torch", "Tensor");
   if (!tensor) return nullptr;  // torch not imported (yet): nothing here can be a tensor
-  constexpr const char* kNames[kNumDTypes] = {"float32", "float64", "float16", "bfloat16",
-                                              "int8",    "uint8",   "int32",   "int64"};
+  constexpr const char* kNames[kNumDTypes] = {"float32", "float64",   "float16",   "bfloat16",
+                                              "int8",    "uint8",     "int32",     "int64",
+                                              "bool",    "complex32", "complex64", "complex128"};
   for (int i = 0; i < kNumDTypes; ++i) t.dtypes[i] = imported_attr("torch", kNames[i]);
   t.strided = imported_attr("torch", "strided");
   t.get_dtype = getset_of(tensor, "dtype");
@@ -371,6 +384,14 @@ struct BufferAccess {
       dtype = DType::kInt32;
     else if (d.code == kDLInt && d.bits == 64)
       dtype = DType::kInt64;
+    else if (d.code == kDLBool && d.bits == 8)
+      dtype = DType::kBool;
+    else if (d.code == kDLComplex && d.bits == 32)
+      dtype = DType::kComplex32;
+    else if (d.code == kDLComplex && d.bits == 64)
+      dtype = DType::kComplex64;
+    else if (d.code == kDLComplex && d.bits == 128)
+      dtype = DType::kComplex128;
     else
       known = false;
     if (!known)
@@ -411,10 +432,16 @@ struct BufferAccess {
     return true;
   }
 
-  // struct-module format: an optional byte-order prefix, then one type character.
+  // struct-module format: an optional byte-order prefix, then one type character ('Z' and a
+  // type character for complex, PEP 3118).
   static bool parse_format(const char* f, Py_ssize_t itemsize, DType& out) {
     const bool little = native_byte_order('<');
     if (*f == '@' || *f == '=' || (*f == '<' && little) || (*f == '>' && !little)) ++f;
+    if (f[0] == 'Z' && f[1] != '\0' && f[2] == '\0') {
+      out = f[1] == 'e' ? DType::kComplex32 : f[1] == 'f' ? DType::kComplex64 : DType::kComplex128;
+      return (f[1] == 'e' || f[1] == 'f' || f[1] == 'd') &&
+             static_cast<std::size_t>(itemsize) == dtype_size(out);
+    }
     if (f[0] == '\0' || f[1] != '\0') return false;
     switch (f[0]) {
       case 'f':
@@ -431,6 +458,9 @@ struct BufferAccess {
         return itemsize == 1;
       case 'B':
         out = DType::kUInt8;
+        return itemsize == 1;
+      case '?':
+        out = DType::kBool;
         return itemsize == 1;
       case 'i':
       case 'l':

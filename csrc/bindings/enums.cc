@@ -53,7 +53,7 @@ E convert(py::handle h, const char* what, const char* enum_name, const char* val
 
 ReduceOp to_op(py::handle h) {
   return convert<ReduceOp>(
-      h, "op", "ReduceOp", "sum prod min max avg", [] { return kNumReduceOps; },
+      h, "op", "ReduceOp", "sum prod min max avg band bor bxor", [] { return kNumReduceOps; },
       [](int i) { return op_name(static_cast<ReduceOp>(i)); }, parse_op);
 }
 
@@ -66,7 +66,8 @@ Algorithm to_algorithm(py::handle h) {
 
 DType to_dtype(py::handle h) {
   return convert<DType>(
-      h, "dtype", "DType", "float32 float64 float16 bfloat16 int8 uint8 int32 int64",
+      h, "dtype", "DType",
+      "float32 float64 float16 bfloat16 int8 uint8 int32 int64 bool complex32 complex64 complex128",
       [] { return kNumDTypes; }, [](int i) { return dtype_name(static_cast<DType>(i)); }, parse_dtype);
 }
 

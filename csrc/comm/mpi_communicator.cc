@@ -202,6 +202,7 @@ MPI_Op kernel_mpi_op(ReduceOp op) {
 
 }  // namespace
 
+// The MPI type of one element of a numeric dtype (bool and complex: of one lane, see allreduce).
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return MPI_FLOAT;
@@ -211,12 +212,19 @@ MPI_Datatype mpi_datatype(DType dtype) {
     case DType::kInt32: return MPI_INT32_T;
     case DType::kInt64: return MPI_INT64_T;
     case DType::kFloat16:
-    case DType::kBFloat16: break;
+    case DType::kBFloat16: return half_datatype();
+    case DType::kBool:
+    case DType::kComplex32:
+    case DType::kComplex64:
+    case DType::kComplex128: break;
   }
-  return half_datatype();
+  return mpi_datatype(reduce_lanes(dtype, ReduceOp::kSum).dtype);
 }
 
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  const ReduceLanes lanes = reduce_lanes(dtype, op);
+  dtype = lanes.dtype;
+  op = lanes.op;
   if (dtype == DType::kFloat16) return kernel_mpi_op<DType::kFloat16>(op);
   if (dtype == DType::kBFloat16) return kernel_mpi_op<DType::kBFloat16>(op);
   if (op == ReduceOp::kMin || op == ReduceOp::kMax) {
@@ -227,6 +235,9 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
     case ReduceOp::kProd: return MPI_PROD;
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kBand: return MPI_BAND;  // integers only (validate_op)
+    case ReduceOp::kBor: return MPI_BOR;
+    case ReduceOp::kBxor: return MPI_BXOR;
     case ReduceOp::kSum:
     case ReduceOp::kAvg: break;
   }
@@ -458,6 +469,13 @@ void MpiTransport::cancel(Request& request) noexcept {
 // an MPI_Iallreduce waited for with the watchdog's polls (a blocking MPI_Allreduce could wait for
 // a stopped rank forever); off, MPI_Allreduce itself.
 void MpiTransport::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
+  // bool and complex as the lanes the kernels reduce them as (common/dtype.h): uint8 with MPI's
+  // bitwise ops, two real elements per complex one (MPI_C_*_COMPLEX has no half, and MPI_SUM on
+  // it would add componentwise anyway).
+  const ReduceLanes lanes = reduce_lanes(dtype, op);
+  count *= lanes.lanes;
+  dtype = lanes.dtype;
+  op = lanes.op;
   const std::size_t elem = dtype_size(dtype);
   for (std::size_t begin = 0; begin < count; begin += kMaxMpiCount) {
     const int n = static_cast<int>(std::min(kMaxMpiCount, count - begin));

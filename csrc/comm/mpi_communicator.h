@@ -123,7 +123,8 @@ class MpiCommunicator final : public Communicator {
 
 // The MPI datatype and op that reduce like zcoll's kernels: predefined ones where MPI's agree
 // (sums, products, integer min/max), zcoll's kernels as user ops elsewhere (half types have no
-// MPI type; MPI_MIN/MPI_MAX on floats may drop NaNs). avg maps to sum: divide afterwards.
+// MPI type; MPI_MIN/MPI_MAX on floats may drop NaNs). avg maps to sum: divide afterwards. bool
+// and complex get the type and op of their lanes (common/dtype.h, reduce_lanes): count * lanes.
 MPI_Datatype mpi_datatype(DType dtype);
 MPI_Op mpi_op(DType dtype, ReduceOp op);
 

@@ -3,7 +3,8 @@
 // kernels_avx512.cc) with that file's flags: Highway's "skeleton" pattern.
 //
 //   float32 / float64 / integers: plain loops; the compiler vectorises them for the ISA (-O3)
-//     except in the scalar table (-fno-tree-vectorize).
+//     except in the scalar table (-fno-tree-vectorize). band / bor / bxor: integers only.
+//   bool and complex never get here: kernels/reduce.cc maps them onto these (reduce_lanes).
 //   float16 / bfloat16: widen exactly, compute in float32, round once (common/half.h). With
 //     ZCOLL_KERNEL_SIMD the vector operations V (simd_ops.h) do kLanes elements at a time and
 //     the common/half.h routines the rest; without it those routines do every element.
@@ -57,6 +58,25 @@ struct Max {
     return (a > b || a != a) ? a : b;
   }
 };
+// Bitwise, on integers only (validate_op refuses them for other types; bool is uint8 here).
+struct Band {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a & b);
+  }
+};
+struct Bor {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a | b);
+  }
+};
+struct Bxor {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a ^ b);
+  }
+};
 struct DivideBy {  // a / d (b unused)
   float d;
   float operator()(float a, float) const { return a / d; }
@@ -106,6 +126,15 @@ void reduce_typed(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
     case ReduceOp::kProd: return reduce_loop(out, a, b, n, Prod{});
     case ReduceOp::kMin: return reduce_loop(out, a, b, n, Min{});
     case ReduceOp::kMax: return reduce_loop(out, a, b, n, Max{});
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::kBand) return reduce_loop(out, a, b, n, Band{});
+        if (op == ReduceOp::kBor) return reduce_loop(out, a, b, n, Bor{});
+        return reduce_loop(out, a, b, n, Bxor{});
+      }
+      return;
   }
 }
 

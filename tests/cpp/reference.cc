@@ -272,6 +272,15 @@ Buffer reduce_reference(const std::vector<Buffer>& inputs, ReduceOp op) {
           case ReduceOp::kMax:
             acc = x > acc ? x : acc;
             break;
+          case ReduceOp::kBand:
+            acc = static_cast<std::int64_t>(ua & ux);
+            break;
+          case ReduceOp::kBor:
+            acc = static_cast<std::int64_t>(ua | ux);
+            break;
+          case ReduceOp::kBxor:
+            acc = static_cast<std::int64_t>(ua ^ ux);
+            break;
           case ReduceOp::kAvg:
             break;
         }
@@ -295,6 +304,10 @@ Buffer reduce_reference(const std::vector<Buffer>& inputs, ReduceOp op) {
           break;
         case ReduceOp::kMax:
           acc = (acc > x || std::isnan(acc)) ? acc : x;
+          break;
+        case ReduceOp::kBand:  // integers only
+        case ReduceOp::kBor:
+        case ReduceOp::kBxor:
           break;
       }
     }
@@ -357,7 +370,7 @@ bool is_float(DType d) {
 
 std::vector<DType> all_dtypes() {
   std::vector<DType> v;
-  for (int d = 0; d < zcoll::kNumDTypes; ++d) v.push_back(static_cast<DType>(d));
+  for (int d = 0; d <= static_cast<int>(DType::kInt64); ++d) v.push_back(static_cast<DType>(d));
   return v;
 }
 

@@ -83,6 +83,7 @@ std::size_t block_begin(std::size_t count, int p, int r);
 std::size_t block_count(std::size_t count, int p, int r);
 
 bool is_float(DType dtype);
+// The eight numeric dtypes (bool and complex: test_dtypes.cc, which reduces them as lanes of these).
 std::vector<DType> all_dtypes();
 std::vector<ReduceOp> ops_for(DType dtype);
 // The unit roundoff of a floating dtype (2^-24, 2^-53, 2^-11, 2^-8).

@@ -77,6 +77,9 @@ NUMPY_OK = {
     "|u1": "uint8",
     "<i4": "int32",
     "<i8": "int64",
+    "|b1": "bool",
+    "<c8": "complex64",
+    "<c16": "complex128",
 }  # native little-endian (this machine)
 TORCH_OK = {
     torch.float32: "float32",
@@ -87,6 +90,10 @@ TORCH_OK = {
     torch.uint8: "uint8",
     torch.int32: "int32",
     torch.int64: "int64",
+    torch.bool: "bool",
+    torch.complex32: "complex32",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
 }
 FLOAT_KINDS = ("float32", "float16", "bfloat16")  # what compressors take
 ITEMSIZE = {
@@ -98,7 +105,29 @@ ITEMSIZE = {
     "uint8": 1,
     "int32": 4,
     "int64": 8,
+    "bool": 1,
+    "complex32": 4,
+    "complex64": 8,
+    "complex128": 16,
 }
+ALL_DTYPES = list(_C.DType.__members__)  # zcoll's dtype codes in order: numerics.DTYPES, then these
+INTEGRAL_KINDS = ("int8", "uint8", "int32", "int64", "bool")
+COMPLEX_REAL = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
+
+
+def op_allowed(op: str, dtype: str) -> bool:
+    """The contract of an op on a dtype: avg on floating and complex types, band / bor / bxor on
+    integers and bool, complex types sum and avg only."""
+    if op == "avg":
+        return dtype not in INTEGRAL_KINDS
+    if op in ("band", "bor", "bxor"):
+        return dtype in INTEGRAL_KINDS
+    return dtype not in COMPLEX_REAL or op == "sum"
+
+
+def storage_of(dtype: str) -> np.dtype:
+    """numerics.storage_dtype, and complex32 (which numpy lacks) as its 4 raw bytes."""
+    return np.dtype(np.uint32) if dtype == "complex32" else storage_dtype(dtype)
 
 
 def buffer_format(fmt: str, itemsize: int) -> str | None:
@@ -113,6 +142,8 @@ def buffer_format(fmt: str, itemsize: int) -> str | None:
         "b": ("int8", 1),
         "B": ("uint8", 1),
     }
+    simple["?"] = ("bool", 1)
+    simple.update({"Ze": ("complex32", 4), "Zf": ("complex64", 8), "Zd": ("complex128", 16)})
     if fmt in simple:
         return simple[fmt][0] if simple[fmt][1] == itemsize else None
     if fmt in ("i", "l", "q", "n"):
@@ -211,7 +242,8 @@ def snapshot(obj: Any) -> bytes | None:
         if obj.layout != torch.strided:
             return None
         t = obj.detach().contiguous().view(-1)
-        return t.view(torch.int16 if t.dtype == torch.bfloat16 else t.dtype).numpy().tobytes()
+        raw = {torch.bfloat16: torch.int16, torch.complex32: torch.int32}.get(t.dtype, t.dtype)
+        return t.view(raw).numpy().tobytes()
     if isinstance(obj, DLPackOnly):
         obj = obj.a
     if isinstance(obj, np.ndarray):
@@ -226,17 +258,22 @@ def storage(obj: Any, dtype: str) -> np.ndarray:
     """A buffer's elements as a flat numpy array of zcoll's storage type (bfloat16 as uint16)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().contiguous().view(-1)
+        if t.dtype == torch.complex32:
+            return t.view(torch.int32).numpy().view(np.uint32).copy()
         return (
             t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
         ).copy()
     if isinstance(obj, DLPackOnly):
         obj = obj.a
     raw = np.frombuffer(memoryview(obj).tobytes(), np.uint8) if not isinstance(obj, np.ndarray) else obj
-    return np.ascontiguousarray(raw).reshape(-1).view(np.uint8).view(storage_dtype(dtype)).copy()
+    return np.ascontiguousarray(raw).reshape(-1).view(np.uint8).view(storage_of(dtype)).copy()
 
 
 def same_numbers(got: np.ndarray, want: np.ndarray, dtype: str) -> bool:
-    """Bitwise, except that any NaN matches any NaN (dividing by one may quiet one)."""
+    """Bitwise, except that any NaN matches any NaN (dividing by one may quiet one); bool and
+    complex bitwise (one rank copies them)."""
+    if dtype not in DTYPES:
+        return got.shape == want.shape and got.tobytes() == want.tobytes()
     return got.shape == want.shape and bool(equal_bits(got, want, dtype, nan_payload=False).all())
 
 
@@ -258,8 +295,8 @@ def with_specials(draw, values: np.ndarray) -> np.ndarray:
     return values
 
 
-NUMPY_DTYPES = list(NUMPY_OK) + ["|b1", "<i2", "<u2", "<u4", "<u8", "<c8", ">f4", ">i8", ">f2", "<M8[s]"]
-TORCH_DTYPES = list(TORCH_OK) + [torch.bool, torch.int16, torch.complex64]
+NUMPY_DTYPES = list(NUMPY_OK) + ["<i2", "<u2", "<u4", "<u8", ">c8", ">f4", ">i8", ">f2", "<M8[s]"]
+TORCH_DTYPES = list(TORCH_OK) + [torch.int16]
 
 
 def junk() -> st.SearchStrategy:
@@ -453,7 +490,7 @@ def expect_call(
         return False
     if method in ("allreduce", "reduce_scatter", "reduce", "compressed"):
         name = expect_name(op, zcoll.OPS, _C.ReduceOp)
-        if name is None or (name == "avg" and ex.dtype not in FLOAT_DTYPES and ex.ok):
+        if name is None or (ex.ok and not op_allowed(name, ex.dtype)):
             return False
         if method == "compressed" and name not in ("sum", "avg"):
             return False
@@ -515,9 +552,9 @@ def check_result(
 ) -> None:
     ex = expect_buffer(x, False)
     want = (
-        np.frombuffer(x_before, np.uint8).view(storage_dtype(ex.dtype))
+        np.frombuffer(x_before, np.uint8).view(storage_of(ex.dtype))
         if ex.count
-        else np.zeros(0, storage_dtype(ex.dtype))
+        else np.zeros(0, storage_of(ex.dtype))
     )
     if out is not None:
         assert y is out, "did not return out"
@@ -912,8 +949,13 @@ class Guarded:
 
 
 def raw_elements(rng: np.random.Generator, n: int, dtype: str, specials: bool) -> np.ndarray:
-    """n storage elements: random bits (NaN, Inf, denormals) or values of similar magnitude."""
-    st_dtype = storage_dtype(dtype)
+    """n storage elements: random bits (NaN, Inf, denormals) or values of similar magnitude
+    (bool: 0 or 1; complex: parts of its real type)."""
+    st_dtype = storage_of(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if dtype in COMPLEX_REAL and not specials:
+        return raw_elements(rng, 2 * n, COMPLEX_REAL[dtype], False).view(st_dtype)
     if specials:
         u = rng.integers(0, 256, n * st_dtype.itemsize, dtype=np.uint8)
         return u.view(st_dtype).copy()
@@ -929,8 +971,8 @@ def raw_elements(rng: np.random.Generator, n: int, dtype: str, specials: bool) -
 def reduce_kernel_call(draw):
     return (
         draw(st.sampled_from(["reduce", "reduce", "divide"])),
-        usually(draw, st.integers(0, 7), st.integers(-2, 10)),
-        usually(draw, st.integers(0, 4), st.integers(-2, 7)),
+        usually(draw, st.integers(0, len(ALL_DTYPES) - 1), st.integers(-2, len(ALL_DTYPES) + 2)),
+        usually(draw, st.integers(0, len(zcoll.OPS) - 1), st.integers(-2, len(zcoll.OPS) + 2)),
         usually(draw, st.sampled_from(IMPLS), st.sampled_from(BAD_IMPLS)),
         draw(st.one_of(st.integers(0, 70), st.integers(0, 5000))),
         draw(st.integers(0, 7)),
@@ -943,17 +985,18 @@ def reduce_kernel_call(draw):
 
 def run_reduce_kernel(args) -> None:
     what, dcode, ocode, impl, n, misalign, alias, seed, specials, divisor = args
-    valid_dtype = 0 <= dcode < len(DTYPES)
-    dtype = DTYPES[dcode] if valid_dtype else "int8"
-    es = storage_dtype(dtype).itemsize
+    valid_dtype = 0 <= dcode < len(ALL_DTYPES)
+    dtype = ALL_DTYPES[dcode] if valid_dtype else "int8"
+    es = ITEMSIZE[dtype]
     rng = np.random.default_rng(seed)
     a, b = raw_elements(rng, n, dtype, specials), raw_elements(rng, n, dtype, specials)
     raws, views = zip(*(guarded(n * es, misalign) for _ in range(3)))
-    va, vb, vo = (v.view(storage_dtype(dtype)) for v in views)
+    va, vb, vo = (v.view(storage_of(dtype)) for v in views)
     va[:], vb[:] = a, b
     out = {"none": vo, "a": va, "b": vb}[alias]
     if what == "divide":
-        ok = valid_dtype and dtype in FLOAT_DTYPES and impl_ok(impl) and 0 < divisor < 2**31
+        floating = dtype in FLOAT_DTYPES or dtype in COMPLEX_REAL
+        ok = valid_dtype and floating and impl_ok(impl) and 0 < divisor < 2**31
         known = ok or not valid_dtype or not impl_ok(impl) or divisor <= 0 or divisor >= 2**31
         try:
             _C.divide_kernel(va.ctypes.data, n, dcode, divisor, impl)
@@ -966,18 +1009,15 @@ def run_reduce_kernel(args) -> None:
         assert ok or not known, f"divide accepted dtype {dcode} impl {impl!r} divisor {divisor}"
         assert all(guards_intact(r, v) for r, v in zip(raws, views)), "divide wrote outside its buffer"
         if ok:
-            want = divide(a, dtype, divisor)
-            assert equal_bits(va, want, dtype, nan_payload=False).all(), (
+            lanes = COMPLEX_REAL.get(dtype, dtype)
+            va, a = (v.view(storage_of(lanes)) for v in (va, a))
+            want = divide(a, lanes, divisor)
+            assert equal_bits(va, want, lanes, nan_payload=False).all(), (
                 f"{impl} divide {dtype} /{divisor} differs from numpy"
             )
         return
-    op_names = ["sum", "prod", "min", "max", "avg"]
-    ok = (
-        valid_dtype
-        and 0 <= ocode < 5
-        and impl_ok(impl)
-        and not (op_names[ocode] == "avg" and dtype not in FLOAT_DTYPES)
-    )
+    op_names = list(zcoll.OPS)
+    ok = valid_dtype and 0 <= ocode < len(op_names) and impl_ok(impl) and op_allowed(op_names[ocode], dtype)
     try:
         _C.reduce_kernel(out.ctypes.data, va.ctypes.data, vb.ctypes.data, n, dcode, ocode, impl)
     except (ValueError, TypeError) as e:
@@ -990,6 +1030,17 @@ def run_reduce_kernel(args) -> None:
     assert ok, f"reduce accepted dtype {dcode} op {ocode} impl {impl!r}"
     assert all(guards_intact(r, v) for r, v in zip(raws, views)), f"{impl} reduce wrote outside its buffers"
     op = op_names[ocode]
+    if dtype == "bool" or op in ("band", "bor", "bxor"):  # numpy's own; bool: logical, 0 / 1
+        fns = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+        if dtype == "bool":
+            logical = {"sum": np.logical_or, "max": np.logical_or, "prod": np.logical_and}
+            logical["min"] = np.logical_and
+            fns = {**fns, **logical}
+        assert np.array_equal(out, fns[op](a, b)), f"{impl} {dtype} {op} n={n} differs from numpy"
+        return
+    if dtype in COMPLEX_REAL:  # sum / avg: each part as its real type adds
+        dtype = COMPLEX_REAL[dtype]
+        out, a, b = (v.view(storage_of(dtype)) for v in (out, a, b))
     want = reduce_pair(a, b, dtype, "sum" if op == "avg" else op)
     eq = equal_bits(out, want, dtype, nan_payload=op in ("min", "max") and impl == "scalar")
     eq |= isnan(out, dtype) & isnan(want, dtype)

@@ -54,16 +54,17 @@ def _free_all() -> None:
 
 
 def new_like(x: Any, shape: Optional[tuple] = None) -> Any:
-    """An uninitialised array of x's kind and dtype (numpy for anything but torch tensors), of
-    x's shape or `shape`. Raises what taking x would raise when x is no array at all."""
+    """An uninitialised array of x's kind and dtype (numpy for anything but torch tensors; bool
+    and complex included), of x's shape or `shape`. Raises what taking x would raise when x is no
+    array at all, and ValueError for the dtypes numpy lacks (bfloat16, complex32)."""
     if type(x) is np.ndarray:
         return np.empty(x.shape if shape is None else shape, x.dtype)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return x.new_empty(x.shape if shape is None else shape)
     dtype, xshape, _ = _C.describe(x, "x")
-    if dtype == "bfloat16":
-        raise ValueError("x: numpy has no bfloat16 to hold the result; pass out=")
+    if dtype in ("bfloat16", "complex32"):
+        raise ValueError(f"x: numpy has no {dtype} to hold the result; pass out=")
     return np.empty(xshape if shape is None else shape, dtype)
 
 
@@ -210,11 +211,14 @@ class Communicator(_C.Comm):
     ) -> Any:
         """Reduces x over all ranks; every rank gets the same bits.
 
-        op: sum, prod, min, max or avg (avg: floating dtypes). algorithm: auto, ring, tree,
-        recursive_doubling, halving_doubling, shm (node-local shared memory; every rank on one
-        node), hierarchical (node-local reduce-scatter, inter-node ring, node-local allgather;
-        on nodes of different sizes the extra ranks fold in first), ordered_ring (the ring in the order of
-        ``ring_order``; needs a topology), or mpi (the MPI library's own MPI_Allreduce). Both
+        op: sum, prod, min, max, avg, band, bor or bxor (docs/python.md has the table: avg on
+        floating and complex dtypes; band / bor / bxor on integers and bool; complex takes sum
+        and avg; bool's sum and max are a logical or, prod and min a logical and).
+        algorithm: auto, ring, tree, recursive_doubling, halving_doubling, shm (node-local
+        shared memory; every rank on one node), hierarchical (node-local reduce-scatter,
+        inter-node ring, node-local allgather; on nodes of different sizes the extra ranks fold in
+        first), ordered_ring (the ring in the order of ``ring_order``; needs a topology), or mpi
+        (the MPI library's own MPI_Allreduce). Both
         also take the enums zcoll._C.ReduceOp / zcoll._C.Algorithm.
         out: where the result goes (may be x itself for in place); a new array when None.
 

@@ -13,13 +13,31 @@ import torch
 import torch.distributed as dist
 
 RED = dist.ReduceOp.RedOpType
-OPS = {RED.SUM: "sum", RED.AVG: "avg", RED.PRODUCT: "prod", RED.MIN: "min", RED.MAX: "max"}
+OPS = {
+    RED.SUM: "sum",
+    RED.AVG: "avg",
+    RED.PRODUCT: "prod",
+    RED.MIN: "min",
+    RED.MAX: "max",
+    RED.BAND: "band",
+    RED.BOR: "bor",
+    RED.BXOR: "bxor",
+}
 # By the enum's integer value: hashing a RedOpType costs ~0.7 us, reading .value ~0.1 us.
 _OP_BY_VALUE = {kind.value: name for kind, name in OPS.items()}
+_TORCH_NAME = {name: kind.name for kind, name in OPS.items()}  # "prod" -> "PRODUCT"
+# The dtypes gloo takes (measured with torch 2.13; tests/torch_mpi/dtype_walk.py holds the two
+# backends side by side), and the ops each kind takes; gloo refuses every other dtype too.
 FLOAT = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-DTYPES = FLOAT + (torch.int8, torch.uint8, torch.int32, torch.int64)
+INTEGRAL = (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
+COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
+DTYPES = FLOAT + INTEGRAL + COMPLEX
 _FLOAT_SET = frozenset(FLOAT)
+_COMPLEX_SET = frozenset(COMPLEX)
 _DTYPE_SET = frozenset(DTYPES)
+_FLOAT_OPS = ("sum", "avg", "prod", "min", "max")
+_INTEGRAL_OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+_COMPLEX_OPS = ("sum", "avg")
 
 
 class SparseTensorError(NotImplementedError):
@@ -83,7 +101,9 @@ def like(call: str, a: torch.Tensor, b: torch.Tensor, a_per_b: float) -> None:
 
 
 def op_name(call: str, opts: Any, t: torch.Tensor) -> str:
-    """zcoll's name of ``opts.reduceOp`` (SUM when opts is None), checked against t's dtype."""
+    """zcoll's name of ``opts.reduceOp`` (SUM when opts is None), checked against t's dtype as
+    gloo checks it: floating types take SUM AVG PRODUCT MIN MAX, integers and bool SUM PRODUCT
+    MIN MAX BAND BOR BXOR, complex types SUM and AVG (ValueError naming both otherwise)."""
     if opts is None:
         return "sum"
     op = opts.reduceOp
@@ -92,11 +112,25 @@ def op_name(call: str, opts: Any, t: torch.Tensor) -> str:
     if name is None:
         raise NotImplementedError(
             f"zcoll {call}: ReduceOp.{getattr(kind, 'name', kind)} is not supported "
-            f"(supported: SUM, AVG, PRODUCT, MIN, MAX)"
+            f"(supported: {', '.join(k.name for k in OPS)})"
         )
-    if name == "avg" and t.dtype not in _FLOAT_SET:
+    dtype = t.dtype
+    if dtype in _FLOAT_SET:
+        allowed, kind_name = _FLOAT_OPS, "floating-point"
+    elif dtype in _COMPLEX_SET:
+        allowed, kind_name = _COMPLEX_OPS, "complex"
+    else:
+        allowed, kind_name = _INTEGRAL_OPS, "integer and bool"
+    if name == "avg" and dtype == torch.complex32:  # dist.all_reduce passes torch.view_as_real(t)
         raise ValueError(
-            f"zcoll {call}: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}; use SUM and divide"
+            f"zcoll {call}: ReduceOp.AVG is not defined for dtype torch.complex32 (gloo refuses it too: "
+            "torch cannot divide complex32); use SUM and divide the real view, or all_reduce"
+        )
+    if name not in allowed:
+        hint = "; use SUM and divide" if name == "avg" else ""
+        raise ValueError(
+            f"zcoll {call}: ReduceOp.{_TORCH_NAME[name]} is not defined for dtype {dtype} (gloo refuses it "
+            f"too); {kind_name} tensors take {', '.join(_TORCH_NAME[n] for n in allowed)}{hint}"
         )
     return name
 

@@ -12,7 +12,8 @@ mpi4py on the same memory (see ``_p2p``). Ordering and async completion: see ``_
 3. Each group owns: the zcoll Communicator (collectives), two more duplicates (user send/recv;
    all-to-all, gather, scatter), one ordered executor for collectives and one for send/recv.
 
-Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX; AVG on floating dtypes), broadcast, reduce,
+Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, on the dtypes and ops gloo
+takes: ``_checks`` and docs/torch.md), broadcast, reduce,
 all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all_single,
 all_to_all, gather, scatter, all_gather_coalesced, barrier, monitored_barrier (``_monitor``),
 send, recv, isend/irecv (with or without src), the *_coalesced variants of allreduce /
