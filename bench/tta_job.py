@@ -42,13 +42,16 @@ POWERSGD_RANK = 4
 
 @dataclass(frozen=True)
 class Method:
-    group: str  # "gloo" or "zcoll"
+    group: Optional[str]  # "gloo" or "zcoll"; None: no DDP (each rank alone: the compute-only step)
     hook: Optional[str] = None  # torch's hooks on gloo: "fp16", "powersgd"
     codec: Optional[str] = None  # zcoll: a zcoll.compression.methods name, or "auto"
     recipe: bool = False  # warm-up and momentum correction (apply_gradient_compression)
 
 
 METHODS: Dict[str, Method] = {
+    # not a way to train: each rank steps its own model on its own batch, no communication; its
+    # step time times another method's steps to target is that method's compute-only bound
+    "compute": Method(None),
     "gloo": Method("gloo"),
     "gloo-fp16": Method("gloo", hook="fp16"),
     "gloo-powersgd": Method("gloo", hook="powersgd"),
@@ -82,6 +85,8 @@ class Run:
     def _build(self, module: torch.nn.Module, groups: Dict[str, Any]) -> torch.nn.Module:
         m = self.method
         self.optimizer = torch.optim.Adam(module.parameters(), lr=self.workload.lr, fused=True)
+        if m.group is None:
+            return module
         ddp = DDP(module, process_group=groups[m.group])
         if m.hook == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -126,7 +131,7 @@ class Run:
                 self.evaluate(data)
 
     def evaluate(self, data: Any) -> None:
-        quality = data.evaluate(self.model.module)
+        quality = data.evaluate(getattr(self.model, "module", self.model))
         if not math.isfinite(quality):
             raise NonFinite(f"non-finite {self.workload.quality} at step {self.step} with method {self.name}")
         self.evals.append([self.step, self.clock, quality])
@@ -191,7 +196,7 @@ def main() -> int:
     if world.rank == 0:
         doc = {"setup": args.setup, "workload": w.name, "quality": w.quality, "higher_is_better": w.higher_is_better,
                "target": w.target, "steps": w.steps, "seed": args.seed, "ranks": world.size,
-               "gradient_bytes": gradient_bytes(runs[0].model.module), "methods": results,
+               "gradient_bytes": gradient_bytes(getattr(runs[0].model, "module", runs[0].model)), "methods": results,
                "wall_s": time.perf_counter() - t0, "host_pid": os.getpid()}  # fmt: skip
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

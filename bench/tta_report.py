@@ -83,6 +83,10 @@ def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
     lines = ["| set-up | workload | method | reached | time to target s (median, range) | vs gloo | vs zcoll | "
              "steps to target | quality at the budget (median, range) | step ms |", "|" + "---|" * 10]  # fmt: skip
     for r in table:
+        if r["method"] == "compute":  # a bound, not a way to train: each rank alone, no communication
+            lines.append(f"| {r['setup']} | {r['workload']} | compute (no communication: the bound) | - | - | - | - | - "
+                         f"| - | {_fmt(r['step_ms'], '.1f')} |")  # fmt: skip
+            continue
         time_cell = f"{_fmt(r['time_to_target_s'], '.1f')} ({_fmt(r['range_s'], '.1f')})" if r["time_to_target_s"] else "not reached"
         if r["failure"]:
             time_cell += f" **failed: {r['failure'][:120]}**"
@@ -105,9 +109,43 @@ def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
+    """One line per set-up and workload: gloo, uncompressed zcoll, the best fixed method and auto
+    (time to target, medians over seeds), auto's ratios, its quality at the budget against
+    uncompressed zcoll's, and its time against the compute-only bound (auto's steps to target
+    times the step with no communication)."""
+    lines = ["| set-up | workload | gloo s | zcoll s | best fixed | auto s | auto chose | auto vs gloo | "
+             "auto vs zcoll | auto vs best | quality at the budget: auto / zcoll | auto / compute-only bound |",
+             "|" + "---|" * 12]  # fmt: skip
+    for setup, workload in sorted({(r["setup"], r["workload"]) for r in table}, key=lambda k: _order((*k, ""))):
+        cell = {r["method"]: r for r in table if (r["setup"], r["workload"]) == (setup, workload)}
+        fixed = [r for m, r in cell.items() if m not in ("compute", "zcoll-auto") and r["time_to_target_s"]]
+        best = min(fixed, key=lambda r: r["time_to_target_s"], default=None)
+        auto, zc, gl, comp = (cell.get(m, {}) for m in ("zcoll-auto", "zcoll", "gloo", "compute"))
+        t = auto.get("time_to_target_s")
+        bound = comp.get("step_ms") and auto.get("steps_to_target") and comp["step_ms"] * auto["steps_to_target"] / 1e3
+        chose = _chosen(docs, setup, workload)
+        lines.append(f"| {setup} | {workload} | {_fmt(gl.get('time_to_target_s'), '.1f')} | {_fmt(zc.get('time_to_target_s'), '.1f')} | "
+                     f"{best['method'] + ' ' + _fmt(best['time_to_target_s'], '.1f') if best else '-'} | {_fmt(t, '.1f')} | {chose} | "
+                     f"{_fmt(auto.get('vs_gloo'))}x | {_fmt(auto.get('vs_zcoll'))}x | "
+                     f"{_fmt(best['time_to_target_s'] / t if best and t else None)}x | "
+                     f"{_fmt(auto.get('final'), '.3f')} / {_fmt(zc.get('final'), '.3f')} | {_fmt(t / bound if t and bound else None)}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _chosen(docs: List[Dict[str, Any]], setup: str, workload: str) -> str:
+    """What auto sent with, over the seeds' jobs: each method and on how many buckets."""
+    counts: Dict[str, int] = {}
+    for d in docs:
+        a = d["methods"].get("zcoll-auto", {}).get("auto") if (d["setup"], d["workload"]) == (setup, workload) else None
+        for method in (a or {}).get("in_use", {}).values():
+            counts[method] = counts.get(method, 0) + 1
+    return ", ".join(f"{m} x{n}" for m, n in sorted(counts.items())) or "-"
+
+
 def write(docs: List[Dict[str, Any]], out: Path) -> str:
     table = rows(docs)
-    text = markdown(table, docs)
+    text = summary(table, docs) + "\n" + markdown(table, docs)
     (out / "tta.md").write_text(text)
     with open(out / "tta.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS + ["failure"])
