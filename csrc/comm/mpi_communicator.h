@@ -14,7 +14,7 @@
 // Nodes: ranks share a node (node_of(), the shm path) as MPI_Comm_split_type(SHARED) groups them,
 // unless ZCOLL_NODE_ID is set: then ranks on one machine (one kernel) with equal values form a
 // node, whatever MPI says (NCCL_HOSTID's role: network namespaces on one machine emulate a
-// cluster, bench/testbed.py). Ranks on different machines never share a node. Oversubscription
+// cluster, zcoll.tools.testbed). Ranks on different machines never share a node. Oversubscription
 // counts every rank on the machine: emulated nodes compete for the same cores.
 //
 // Failure detection: at creation the ranks exchange their pid and a machine identity (boot id

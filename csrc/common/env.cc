@@ -20,7 +20,7 @@ struct Spec {
   const char* help;
 };
 
-// The one table. Keep README's environment section in step with it.
+// The one table. Keep docs/environment.md in step with it.
 constexpr Spec kSpecs[] = {
     {Var::kCheck, "ZCOLL_CHECK", Kind::kBool, "0", "", 0, 0,
      "exchange a small header before each collective; ranks that disagree all raise MismatchError"},

@@ -10,7 +10,7 @@
 //                     `KernelImpl impl = kDispatch` last
 //   scalar reference  kernels_scalar.cc (+ quantize_scalar.h, sparsify_scalar.h): plain loops
 //                     over the element formulas, the oracle every table is tested against bit
-//                     for bit (tests/test_kernels.py, tests/test_compression_kernels.py)
+//                     for bit (tests/core/test_kernels.py, tests/compression/test_compression_kernels.py)
 //   one file per ISA  kernels_avx2.cc, kernels_avx512.cc: the vector primitives of the ISA
 //                     (simd_ops_<isa>.h), the operations written once over them (simd_ops.h)
 //                     and the kernel skeletons (elementwise_impl.h, quantize_simd.h,

@@ -64,7 +64,7 @@
 // Every implementation (the scalar reference, the AVX2 and AVX-512 tables, CUDA in csrc/cuda) gives
 // bit-identical codes, scales and float outputs: the same IEEE operations in the same order (no
 // FMA contraction, the sign mean uses a fixed 16-lane summation order, no float reduction
-// elsewhere: absmax is an integer max), checked by tests/test_compression_kernels.py on the CPU
+// elsewhere: absmax is an integer max), checked by tests/compression/test_compression_kernels.py on the CPU
 // and by zcoll_cuda_check on a GPU machine. So no tolerance is needed between implementations; only NaN
 // payloads are unspecified (a sum of two NaNs may keep either).
 #pragma once

@@ -34,7 +34,7 @@ the rules are in that module's docstring.
 Outputs (probe_report.py): the report on rank 0's stdout, and in --out (default zcoll-probe/):
 probe.json (everything; zcoll.probe.load() reads it), links.csv, bandwidth.csv, latency.csv,
 heatmap.png, report.html, and where a better placement exists placement.hosts (one host per rank:
-SLURM_HOSTFILE for `srun --distribution=arbitrary`, or bench/testbed.py --placement),
+SLURM_HOSTFILE for `srun --distribution=arbitrary`, or python -m zcoll.tools.testbed --placement),
 machinefile (hydra `-f`) and rankfile (Open MPI `--rankfile`).
 
 From Python::
