@@ -39,7 +39,8 @@ class AutoConfig:
     int8); trial_repeats: trial steps (the first warms the candidates up and is not counted), in
     which the model gets the exact average and each candidate runs on a copy of every bucket beside
     it; error_bound: the most a candidate's average may differ from the exact one (relative L2
-    norm, median over the trial calls, error feedback included) for it to be chosen; hidden: when
+    norm, median over the trial calls, error feedback included) for it to be chosen (not applied
+    to a single method given alone: a guarded fixed method); hidden: when
     uncompressed communication is predicted to leave at most this fraction of a typical step
     exposed (the rest hidden behind the backward pass), nothing lossy is chosen; start_step: the
     first trial step (DDP rebuilds its buckets after step 0); margin / min_gain: see

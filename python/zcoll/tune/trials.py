@@ -147,20 +147,10 @@ class Trials:
         model = cm.fit(points, self.codecs, comm.size,
                        {m: [(k, nbytes[k], t[m]) for k, t in measured.items() if m in t] for m in cols})  # fmt: skip
         errors = self._error_summary(keys, nbytes)
-        allowed = ["none"] + [m for m in self.candidates if errors.get(m, (np.inf,))[0] <= c.error_bound]
         step_s = float(np.median(windows)) if windows else 0.0
         buckets = [(k, nbytes[k], float(r)) for k, r in zip(keys, ready)]
         exposed = cm.exposed([model.predict("none", n, k) for k, n, _ in buckets], [r for _, _, r in buckets])
-        if "none" in c.methods and exposed <= c.hidden * step_s:
-            why = (f"communication hidden behind the backward pass: uncompressed leaves {1e3 * exposed:.2f} ms of "
-                   f"a {1e3 * step_s:.2f} ms step exposed (at most {c.hidden:.0%})")  # fmt: skip
-            plan = [cm.Decision(k, n, "none", why, model.predict("none", n, k), model.predict("none", n, k),
-                                {m: model.predict(m, n, k) for m in cols}) for k, n, _ in buckets]  # fmt: skip
-            allowed = ["none"]
-        else:
-            plan = cm.decide(
-                model, buckets, [m for m in allowed if m in c.methods] or ["none"], c.margin, c.min_gain
-            )
+        plan, allowed = self._plan(model, buckets, errors, exposed, step_s)
         context = dict(trial_step_s=step_s, exposed_none_s=exposed, error_bound=c.error_bound,
                        trial_error={m: {"relative": e[0], "cosine": e[1]} for m, e in errors.items()})  # fmt: skip
         for d in plan:
@@ -177,6 +167,24 @@ class Trials:
             allowed,
             {k: t["none"] for k, t in measured.items() if "none" in t},
         )
+
+    def _plan(self, model: cm.CostModel, buckets: List[Tuple[str, int, float]], errors: Dict[str, Tuple[float, float]],
+              exposed: float, step_s: float) -> Tuple[List[cm.Decision], List[str]]:  # fmt: skip
+        """Each bucket's decision and the methods a later bucket may use (module docstring, 3).
+        One method given (a guarded fixed method): that method, whatever the trials measured."""
+        c = self.config
+        if len(c.methods) == 1:
+            return cm.decide(model, buckets, c.methods, c.margin, c.min_gain), list(c.methods)
+        if "none" in c.methods and exposed <= c.hidden * step_s:
+            why = (f"communication hidden behind the backward pass: uncompressed leaves {1e3 * exposed:.2f} ms of "
+                   f"a {1e3 * step_s:.2f} ms step exposed (at most {c.hidden:.0%})")  # fmt: skip
+            cols = ["none"] + self.candidates
+            plan = [cm.Decision(k, n, "none", why, model.predict("none", n, k), model.predict("none", n, k),
+                                {m: model.predict(m, n, k) for m in cols}) for k, n, _ in buckets]  # fmt: skip
+            return plan, ["none"]
+        allowed = ["none"] + [m for m in self.candidates if errors.get(m, (np.inf,))[0] <= c.error_bound]
+        usable = [m for m in allowed if m in c.methods] or ["none"]
+        return cm.decide(model, buckets, usable, c.margin, c.min_gain), allowed
 
     def _error_summary(self, keys: List[str], nbytes: Dict[str, int]) -> Dict[str, Tuple[float, float]]:
         """Per candidate: the median over its counted calls of the relative error and cosine,
