@@ -123,6 +123,12 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           py::arg("reason") = "aborted by the caller",
           "Makes the running collective of this communicator (or its next one) fail on every rank with "
           "zcoll.TimeoutError naming `reason`; safe from any thread. The communicator is broken afterwards.")
+      .def(
+          "_leave", [](CommHandle& c, const std::string& why) { if (!c.freed()) c.comm().watchdog().leave(why); },
+          py::arg("why"),
+          "At exit with an uncaught exception (zcoll.core.communicator): tells the other ranks that this rank "
+          "makes no more calls, so that their waits raise RankLostError naming it at once; the communicator "
+          "is broken here afterwards (free() releases nothing through MPI). Does not block.")
       .def("free", &CommHandle::free, py::call_guard<py::gil_scoped_release>(),
            "Releases the MPI communicator (collective: every rank must call it). Idempotent.")
       .def(

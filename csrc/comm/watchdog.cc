@@ -43,6 +43,7 @@ const char* kind_name(FailureReason r) {
     case FailureReason::kPeerFailed: return "peer_failed";
     case FailureReason::kAborted: return "aborted";
     case FailureReason::kTransport: return "transport";
+    case FailureReason::kLeft: return "left";
     case FailureReason::kNone: break;
   }
   return "none";
@@ -61,6 +62,7 @@ std::string peer_reason(const PeerStatus& s) {
     case FailureReason::kRankLost: return concat("found rank ", s.lost, " lost ", doing(s));
     case FailureReason::kAborted: return concat("was aborted ", doing(s));
     case FailureReason::kTransport: return concat("had a transport error ", doing(s));
+    case FailureReason::kLeft: return concat("left: ", s.detail);
     default: break;
   }
   return concat("failed ", doing(s));
@@ -119,8 +121,13 @@ void Watchdog::check(int peer) {
 void Watchdog::slow_check() {
   PeerStatus s;
   if (comm_.monitor().next_announcement(s) && s.magic == PeerStatus::kMagic && s.rank >= 0 &&
-      s.rank < comm_.size() && s.rank != comm_.rank())
+      s.rank < comm_.size() && s.rank != comm_.rank()) {
+    s.detail[sizeof s.detail - 1] = '\0';
+    // a rank that left is lost to this communicator, as a dead process is
+    if (static_cast<FailureReason>(s.reason) == FailureReason::kLeft)
+      fail(FailureReason::kRankLost, static_cast<int>(s.rank), concat("it left: ", s.detail), &s);
     fail(FailureReason::kPeerFailed, -1, "", &s);
+  }
   for (int r = 0; r < comm_.size(); ++r)
     if (r != comm_.rank() && !comm_.monitor().peer_alive(r)) fail(FailureReason::kRankLost, r, "", nullptr);
 }
@@ -135,6 +142,21 @@ void Watchdog::request_abort(const std::string& reason) {
 
 void Watchdog::fail_transport(int peer, const std::string& what, bool peer_lost) {
   fail(peer_lost ? FailureReason::kRankLost : FailureReason::kTransport, peer, what, nullptr);
+}
+
+void Watchdog::leave(const std::string& why) {
+  if (broken()) return;
+  PeerStatus s = my_status(FailureReason::kLeft, comm_.rank());
+  std::snprintf(s.detail, sizeof s.detail, "%s", why.c_str());
+  try {
+    comm_.monitor().announce(s);  // best effort, as in fail()
+  } catch (const std::exception&) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_reason_ = concat("zcoll: rank ", comm_.rank(), " left this communicator (", why, ").");
+  }
+  broken_.store(true, std::memory_order_release);
 }
 
 std::string Watchdog::broken_reason() const {
@@ -168,6 +190,7 @@ Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerSt
   Heard h;
   h.heard.assign(static_cast<std::size_t>(p), false);
   h.dead.assign(static_cast<std::size_t>(p), false);
+  h.left.assign(static_cast<std::size_t>(p), false);
   h.status.resize(static_cast<std::size_t>(p));
   h.heard[mine.rank] = true;
   h.status[mine.rank] = mine;
@@ -176,8 +199,13 @@ Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerSt
     h.heard[s.rank] = true;
     h.status[s.rank] = s;
     h.status[s.rank].collective[sizeof s.collective - 1] = '\0';
+    h.status[s.rank].detail[sizeof s.detail - 1] = '\0';
     if (static_cast<FailureReason>(s.reason) == FailureReason::kRankLost && s.lost >= 0 && s.lost < p)
       h.dead[s.lost] = true;
+    if (static_cast<FailureReason>(s.reason) == FailureReason::kLeft) {  // gone from this communicator
+      h.heard[s.rank] = false;
+      h.dead[s.rank] = h.left[s.rank] = true;
+    }
   };
   if (trigger) take(*trigger);
   if (lost >= 0 && lost < p) h.dead[lost] = true;
@@ -226,13 +254,14 @@ std::string Watchdog::describe(FailureReason reason, int peer, const std::string
       break;
     }
     case FailureReason::kTransport: what += concat(" failed on a message with rank ", peer, ": ", cause); break;
+    case FailureReason::kLeft:  // announced by a leaving rank, never a failing rank's own reason
     case FailureReason::kNone: break;
   }
   what += ".";
   std::string never;
   for (int r = 0; r < p; ++r) {
     if (h.heard[r]) continue;
-    const std::string about = comm_.monitor().describe_peer(r);
+    const std::string about = h.left[r] ? concat("it left: ", h.status[r].detail) : comm_.monitor().describe_peer(r);
     const std::string state = h.dead[r] ? "lost" + (about.empty() ? "" : ": " + about) : about;
     never += concat(never.empty() ? "" : "; ", "rank ", r, state.empty() ? "" : " (" + state + ")");
   }

@@ -52,6 +52,8 @@ enum class FailureReason : std::int64_t {
   kPeerFailed,  // another rank announced a failure
   kAborted,     // the caller aborted it (Communicator::watchdog().request_abort)
   kTransport,   // the transport reported an error on a message
+  kLeft,        // (announced by the leaving rank itself, Watchdog::leave) it will make no more calls:
+                // its process is exiting with an uncaught exception
 };
 
 // What a failing rank announces to every other (sent as raw bytes: a flat, fixed layout).
@@ -65,6 +67,7 @@ struct PeerStatus {
   std::int64_t reason = 0;   // FailureReason
   std::int64_t lost = -1;    // kRankLost: the rank found gone
   char collective[24] = {};  // the call's name, NUL-terminated
+  char detail[64] = {};      // kLeft: why it leaves, NUL-terminated
 };
 
 class Watchdog {
@@ -114,6 +117,13 @@ class Watchdog {
   void request_abort(const std::string& reason);
   // The transport reported an error on a message with `peer`: fail the call naming it.
   [[noreturn]] void fail_transport(int peer, const std::string& what, bool peer_lost);
+  // This rank will make no more calls on this communicator (its process is exiting with an
+  // uncaught exception, `why`): it announces so (FailureReason::kLeft), and the others' waits
+  // fail at their next slow check with RankLostError naming it as lost and never arrived,
+  // instead of at their deadline. Afterwards the communicator is broken here too (later calls
+  // raise BrokenError; free() releases nothing through MPI) without counting as a failure of
+  // this process (broken_count). Does not block; nothing on a broken communicator.
+  void leave(const std::string& why);
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   // Communicators of this process broken so far (the Python layer then ends the process with
@@ -131,7 +141,7 @@ class Watchdog {
 
   // What a failing rank learnt from the others (fail(), step b).
   struct Heard {
-    std::vector<bool> heard, dead;
+    std::vector<bool> heard, dead, left;  // left: announced kLeft (then dead, and not heard)
     std::vector<PeerStatus> status;
   };
   void slow_check();

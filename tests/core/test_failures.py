@@ -133,3 +133,21 @@ def test_exited_rank_is_named_lost_without_waiting_for_the_deadline():
     job = lose_rank("--signal", "EXIT", "--timeout", "600", launcher=("-disable-auto-cleanup",))
     assert_survivors_named_victim(job, "RankLostError", 10, "has exited")
     assert_nothing_left(job)
+
+
+def test_rank_with_an_uncaught_exception_is_named_lost_at_once():
+    """An exception escapes one rank's script: at exit zcoll announces that the rank left, so the
+    others raise RankLostError naming it (missing and lost) within about a second, not at their
+    600 s deadline; its process waits in MPI_Finalize until theirs end (docs/errors.md)."""
+    job = lose_rank("--signal", "RAISE", "--timeout", "600")
+    words = "it left: its process is exiting with an uncaught RuntimeError"
+    assert_survivors_named_victim(job, "RankLostError", 3, words)
+    assert_nothing_left(job)
+
+
+def test_rank_with_an_uncaught_exception_is_named_lost_through_ddp():
+    """The same through DDP: the torch backend's exit handler announces it before it frees."""
+    job = lose_rank("--ddp", "--signal", "RAISE", "--timeout", "600", timeout=240)
+    words = "it left: its process is exiting with an uncaught RuntimeError"
+    assert_survivors_named_victim(job, "zcoll.TimeoutError", 3, words, attributes=False)
+    assert_nothing_left(job)

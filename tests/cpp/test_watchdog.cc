@@ -178,6 +178,45 @@ TEST(watchdog, lost_rank_is_named_without_a_deadline) {
   }
 }
 
+// A rank that leaves (Watchdog::leave: its process exits with an uncaught exception) is named as
+// lost and never arrived by every rank waiting for it, with no deadline; its own communicator is
+// broken (BrokenError) without a failure of its own. The leaving rank's thread stays until the
+// others are done, as the process does in MPI_Finalize: only its announcement tells them.
+TEST(watchdog, rank_that_leaves_is_named_lost_without_a_deadline) {
+  constexpr int p = 4;
+  std::vector<Outcome> out(p);
+  auto options = ztest::test_options();
+  options.timeout_seconds = 0;  // never: only the announcement ends the wait
+  std::atomic<int> first_done{0}, others_done{0};
+  ON_RANKS(p, options, [&](Communicator& comm) {
+    std::vector<float> x(1000, 1.0f);
+    allreduce_with(comm, Algorithm::kRing, x);
+    first_done.fetch_add(1);
+    const int r = comm.rank();
+    if (r == 2) {  // leaves once every rank has finished the first call (which it would otherwise fail)
+      while (first_done.load() < p) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      comm.watchdog().leave("its process is exiting with an uncaught RuntimeError");
+      comm.watchdog().leave("again");  // nothing more: already broken
+      out[2] = attempt([&] { allreduce_with(comm, Algorithm::kRing, x); });
+      while (others_done.load() < p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    out[static_cast<std::size_t>(r)] = attempt([&] { allreduce_with(comm, Algorithm::kRing, x); });
+    others_done.fetch_add(1);
+  });
+  for (int r : {0, 1, 3}) {
+    ztest::Context c(ztest::str("rank ", r));
+    const Outcome& o = out[static_cast<std::size_t>(r)];
+    CHECK_EQ(o.type, std::string("RankLostError"));
+    CHECK(o.info.lost == std::vector<int>{2});
+    CHECK(o.info.missing == std::vector<int>{2});
+    CHECK(contains(o.what, "rank 2 is lost (it left: its process is exiting with an uncaught RuntimeError)"));
+    CHECK_LE(o.seconds, kGrace + 1.0);
+  }
+  CHECK_EQ(out[2].type, std::string("BrokenError"));
+  CHECK(contains(out[2].what, "rank 2 left this communicator (its process is exiting with an uncaught RuntimeError)"));
+}
+
 // request_abort from another thread fails the waiting call on this rank, and the others follow
 // through its announcement; the rank that never came is still named.
 TEST(watchdog, abort_from_another_thread_reaches_every_rank) {

@@ -5,7 +5,7 @@ Not on the result protocol of tests/harness.py: that protocol has every rank agr
 each case, and here one rank never does. Each rank prints instead:
 
     ZCOLL-PID rank=R pid=P                           at start (for the no-process-left check)
-    ZCOLL-VICTIM rank=R signal=STOP|KILL t=T          just before the victim signals itself
+    ZCOLL-VICTIM rank=R signal=STOP|KILL|EXIT|RAISE t=T   just before the victim fails
     ZCOLL-RAISED rank=R type=NAME t=T missing=[..] lost=[..] seq=N
     ZCOLL-MESSAGE rank=R <the exception's message>
 
@@ -31,8 +31,9 @@ import numpy as np
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--signal", choices=["STOP", "KILL", "EXIT"], default="STOP",
-                   help="EXIT: the victim's process ends (os._exit(1)) without a signal")
+    p.add_argument("--signal", choices=["STOP", "KILL", "EXIT", "RAISE"], default="STOP",
+                   help="EXIT: the victim's process ends (os._exit(1)) without a signal; RAISE: an exception "
+                        "escapes the victim's script (its process exits as Python does)")
     p.add_argument("--algorithm", default="ring")
     p.add_argument("--timeout", type=float, default=3.0)
     p.add_argument("--victim", type=int, default=-1, help="rank that signals itself (default: the last)")
@@ -71,6 +72,8 @@ def victim_step(args: argparse.Namespace, rank: int, victim: int, step: int) -> 
         print(f"ZCOLL-VICTIM rank={rank} signal={args.signal} t={time.time():.3f}", flush=True)
         if args.signal == "EXIT":
             os._exit(1)
+        if args.signal == "RAISE":
+            raise RuntimeError(f"lose_rank.py: a deliberate error on rank {rank}")
         os.kill(os.getpid(), getattr(signal, f"SIG{args.signal}"))
 
 
@@ -119,6 +122,8 @@ def ddp_loop(args: argparse.Namespace) -> None:
             model(data).square().mean().backward()
             opt.step()
     except Exception as e:  # DDP raises the hook's failure as a RuntimeError quoting it
+        if rank == victim:
+            raise  # the victim's own error (--signal RAISE), uncaught
         report(rank, e)
         finish(args, 3)
     print(f"ZCOLL-NOT-RAISED rank={rank}", flush=True)

@@ -40,10 +40,33 @@ FAILURE_EXIT_STATUS = 75
 FAILURE_EXIT_SECONDS = 5.0
 
 
+def _uncaught() -> Optional[BaseException]:
+    """The exception this process is ending with, if it ends with an uncaught one."""
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+
+
+def leave_on_uncaught() -> None:
+    """At exit with an uncaught exception (and no zcoll failure of its own): this rank makes no more
+    calls, so it tells the other ranks of every live communicator (``_C.Comm._leave``, without
+    blocking); those waiting for it in a collective, or that wait for it later, raise
+    zcoll.RankLostError naming it (``missing`` and ``lost``) within about 0.1 s instead of at their
+    deadline. Its communicators are broken afterwards, so nothing collective is freed (the others
+    never free theirs); the process goes on to MPI_Finalize, where it waits until the others end
+    (docs/errors.md). Called by the exit handlers of this module and of the torch backend, before
+    they free anything."""
+    uncaught = _uncaught()
+    if uncaught is None or _C.broken_count():
+        return
+    why = f"its process is exiting with an uncaught {type(uncaught).__name__}"
+    for c in list(_live):
+        c._leave(why)
+
+
 @atexit.register
 def _free_all() -> None:
+    leave_on_uncaught()
     if _C.broken_count():
-        uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        uncaught = _uncaught()
         if uncaught is not None:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..core.communicator import Communicator
+from ..core.communicator import Communicator, leave_on_uncaught
 from . import _checks as chk
 from . import _launch
 from ._work import OrderedExecutor, ZcollWork
@@ -142,6 +142,7 @@ class ProcessGroupZcoll(CollectiveOps, MessageOps, dist.ProcessGroup):
 
 @atexit.register
 def _shutdown_all() -> None:
+    leave_on_uncaught()  # before shutdown() frees anything collectively
     for pg in list(_live):
         pg.shutdown()
 
