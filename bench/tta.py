@@ -34,6 +34,10 @@ from zcoll.tools.testbed import Refused, Testbed
 
 HERE = Path(__file__).resolve().parent
 SETUPS = {"shm2": (2, None), "shm4": (4, None), "net1g": (2, "1gbit"), "net100m": (2, "100mbit")}
+# Methods run in a job of their own: torch's PowerSGD hook on gloo aborts the whole process
+# (gloo::EnforceNotMet, "collective mismatch", from gloo's thread) on the CNN, which would take
+# every other method's run with it; alone, its abort becomes its own reported failure.
+ISOLATED = ("gloo-powersgd",)
 QUICK = {"setups": "shm2", "workloads": "cnn", "methods": "gloo,zcoll,zcoll-int8,zcoll-auto", "seeds": "0"}
 JOB_TIMEOUT = 1800
 
@@ -41,8 +45,12 @@ JOB_TIMEOUT = 1800
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated (bench/tta_job.py lists them)")
+    p.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}"
+    )
+    p.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated (bench/tta_job.py lists them)"
+    )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
     p.add_argument("--steps", type=int, help="override every workload's budget (quick runs)")
     p.add_argument("--target", type=float, help="override the quality target (one workload)")
@@ -78,7 +86,9 @@ def run_job(argv: List[str], setup: str) -> subprocess.CompletedProcess:
     if rate is None:
         mpirun = str(Path(sys.executable).parent / "mpirun")
         full = {**os.environ, **env, "MPIR_CVAR_DEVICE_COLLECTIVES": "none"}
-        return subprocess.run([mpirun, "-n", str(ranks), *argv], env=full, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        return subprocess.run(
+            [mpirun, "-n", str(ranks), *argv], env=full, capture_output=True, text=True, timeout=JOB_TIMEOUT
+        )
     with Testbed(nodes=[1] * ranks, inter=rate) as tb:
         env.update(MASTER_ADDR=tb.ip(0), GLOO_SOCKET_IFNAME="eth0")
         done = tb.run(argv, env=env, timeout=JOB_TIMEOUT)
@@ -91,18 +101,49 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
     start = time.perf_counter()
     for i, (setup, workload, seed) in enumerate(jobs):
         path = out / f"{setup}-{workload}-seed{seed}.json"
-        print(f"[{i + 1}/{len(jobs)}] {setup} {workload} seed {seed} (at {time.perf_counter() - start:.0f} s)", flush=True)
-        try:
-            done = run_job(job_argv(args, setup, workload, seed, path), setup)
-        except (Refused, subprocess.TimeoutExpired, TimeoutError) as e:
-            _write_failed(path, setup, workload, seed, f"{type(e).__name__}: {str(e)[-600:]}")
-            continue
-        stopped = [line for line in done.stdout.splitlines() if line.startswith("TTA-STOPPED")]
-        if done.returncode != 0 or not path.exists():
-            why = stopped[0] if stopped else f"exit status {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"
-            _write_failed(path, setup, workload, seed, why)
-            print(f"  failed: {why}", flush=True)
+        print(
+            f"[{i + 1}/{len(jobs)}] {setup} {workload} seed {seed} (at {time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+        methods = args.methods.split(",")
+        shared = [m for m in methods if m not in ISOLATED]
+        why = _job(
+            argparse.Namespace(**{**vars(args), "methods": ",".join(shared)}), setup, workload, seed, path
+        )
+        for name in (m for m in methods if m in ISOLATED):
+            alone = path.with_suffix(f".{name}.json")
+            failed = _job(argparse.Namespace(**{**vars(args), "methods": name}), setup, workload, seed, alone)
+            if why is None:
+                _merge_alone(path, alone, name, failed)
     print(f"all jobs in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def _job(args: argparse.Namespace, setup: str, workload: str, seed: int, path: Path) -> Optional[str]:
+    """Runs one job writing `path`; on failure writes a failed job's JSON and returns why."""
+    try:
+        done = run_job(job_argv(args, setup, workload, seed, path), setup)
+    except (Refused, subprocess.TimeoutExpired, TimeoutError) as e:
+        why = f"{type(e).__name__}: {str(e)[-600:]}"
+        _write_failed(path, setup, workload, seed, why)
+        return why
+    stopped = [line for line in done.stdout.splitlines() if line.startswith("TTA-STOPPED")]
+    if done.returncode == 0 and path.exists():
+        return None
+    why = stopped[0] if stopped else f"exit status {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"
+    _write_failed(path, setup, workload, seed, why)
+    print(f"  failed ({args.methods}): {why}", flush=True)
+    return why
+
+
+def _merge_alone(path: Path, alone: Path, name: str, failed: Optional[str]) -> None:
+    """Moves an isolated method's result into its job's JSON; a job it aborted becomes that
+    method's failure (reported in the table, not dropped)."""
+    doc, other = json.loads(path.read_text()), json.loads(alone.read_text())
+    doc["methods"][name] = other["methods"].get(name) or {
+        "evals": [], "failure": f"its job aborted: {(failed or '')[-700:]}", "steps": 0,
+        "step_s_median": None, "reached": None, "final": None}  # fmt: skip
+    path.write_text(json.dumps(doc, indent=1))
+    alone.unlink()
 
 
 def _write_failed(path: Path, setup: str, workload: str, seed: int, why: str) -> None:
@@ -118,7 +159,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not args.source:
         run_all(args, out)
-    docs: List[Dict] = [json.loads(p.read_text()) for p in sorted(out.glob("*-seed*.json"))]
+    docs: List[Dict] = [
+        json.loads(p.read_text()) for p in sorted(out.glob("*-seed*.json")) if p.name.count(".") == 1
+    ]
     if not docs:
         print(f"no job results in {out}", file=sys.stderr)
         return 2

@@ -48,6 +48,20 @@ class Method:
     recipe: bool = False  # warm-up and momentum correction (apply_gradient_compression)
 
 
+# What each auto decision records in the JSON: the trials' measured error per candidate, among others.
+DECISION_FIELDS = (
+    "step",
+    "bucket",
+    "bytes",
+    "method",
+    "reason",
+    "trial_error",
+    "predicted_error",
+    "exposed_none_s",
+    "trial_step_s",
+    "error_bound",
+)
+
 METHODS: Dict[str, Method] = {
     # not a way to train: each rank steps its own model on its own batch, no communication; its
     # step time times another method's steps to target is that method's compute-only bound
@@ -87,7 +101,12 @@ class Run:
         self.optimizer = torch.optim.Adam(module.parameters(), lr=self.workload.lr, fused=True)
         if m.group is None:
             return module
-        ddp = DDP(module, process_group=groups[m.group])
+        # PowerSGD on gloo: one bucket. With DDP's default small first bucket, the two buckets'
+        # hook callbacks issue their allreduces in whichever order their futures complete,
+        # which differs between ranks: gloo aborted or hung (collective mismatch) on every
+        # two-bucket model here. bucket_cap_mb given explicitly makes the first bucket 25 MB too.
+        extra = {"bucket_cap_mb": 25} if m.hook == "powersgd" else {}
+        ddp = DDP(module, process_group=groups[m.group], **extra)
         if m.hook == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -103,7 +122,9 @@ class Run:
         elif m.codec is not None:
             warmup = int(RECIPE_WARMUP * self.workload.steps) if m.recipe else 0
             optimizer = self.optimizer if m.recipe else None
-            self.state = zcoll.torch.apply_gradient_compression(ddp, make_compressor(m.codec), warmup, optimizer=optimizer)
+            self.state = zcoll.torch.apply_gradient_compression(
+                ddp, make_compressor(m.codec), warmup, optimizer=optimizer
+            )
         return ddp
 
     def train(self, steps: int, data: Any, rank: int, size: int) -> None:
@@ -125,7 +146,9 @@ class Run:
             self.clock += spent
             self.step_s.append(spent)
             if not math.isfinite(loss.item()):
-                raise NonFinite(f"non-finite training loss {loss.item()} at step {self.step} with method {self.name}")
+                raise NonFinite(
+                    f"non-finite training loss {loss.item()} at step {self.step} with method {self.name}"
+                )
             self.step += 1
             if self.step % self.workload.eval_every == 0 or self.step == self.workload.steps:
                 self.evaluate(data)
@@ -152,7 +175,10 @@ class Run:
                "final": evals[-1][2] if evals and self.step == self.workload.steps else None}  # fmt: skip
         if self.method.codec == "auto" and self.state is not None:
             report = self.state.compressor.report()
-            out["auto"] = {"decided_at_step": report["decided_at_step"], "in_use": report["in_use"]}
+            events = self.state.compressor.events
+            out["auto"] = {"decided_at_step": report["decided_at_step"], "in_use": report["in_use"],
+                           "decisions": [{k: e.get(k) for k in DECISION_FIELDS} for e in events if e["event"] == "decision"],
+                           "other_events": [e for e in events if e["event"] not in ("decision", "bucket")][:50]}  # fmt: skip
         return out
 
 
@@ -199,7 +225,7 @@ def main() -> int:
                "gradient_bytes": gradient_bytes(getattr(runs[0].model, "module", runs[0].model)), "methods": results,
                "wall_s": time.perf_counter() - t0, "host_pid": os.getpid()}  # fmt: skip
         with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, indent=1, default=str)
     dist.destroy_process_group()
     return 0
 

@@ -46,7 +46,10 @@ def rows(docs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     out = []
     for (setup, workload, method), c in sorted(table.items(), key=lambda kv: _order(kv[0])):
         t = _median(c["times"])
-        ref = {name: _median(table.get((setup, workload, name), {}).get("times", [])) for name in ("gloo", "zcoll")}
+        ref = {
+            name: _median(table.get((setup, workload, name), {}).get("times", []))
+            for name in ("gloo", "zcoll")
+        }
         finals = c["finals"]
         out.append({
             "setup": setup, "workload": workload, "method": method,
@@ -71,6 +74,14 @@ def _order(key: Tuple[str, str, str]) -> Tuple[int, int, int, str]:
             list(METHODS).index(m) if m in METHODS else 99, m)  # fmt: skip
 
 
+def gist(why: str, width: int = 160) -> str:
+    """The informative line of a failure: an exception or abort message rather than mpirun's banner."""
+    lines = [" ".join(line.split()) for line in why.splitlines()]
+    found = (line for key in ("what():", "Error", "error") for line in lines if key in line)
+    best = next(found, None)
+    return (best or next((line for line in lines if line and not line.startswith("=")), why))[:width]
+
+
 def _fmt(v: Any, spec: str = ".2f") -> str:
     if v is None:
         return "-"
@@ -87,9 +98,13 @@ def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
             lines.append(f"| {r['setup']} | {r['workload']} | compute (no communication: the bound) | - | - | - | - | - "
                          f"| - | {_fmt(r['step_ms'], '.1f')} |")  # fmt: skip
             continue
-        time_cell = f"{_fmt(r['time_to_target_s'], '.1f')} ({_fmt(r['range_s'], '.1f')})" if r["time_to_target_s"] else "not reached"
+        time_cell = (
+            f"{_fmt(r['time_to_target_s'], '.1f')} ({_fmt(r['range_s'], '.1f')})"
+            if r["time_to_target_s"]
+            else "not reached"
+        )
         if r["failure"]:
-            time_cell += f" **failed: {r['failure'][:120]}**"
+            time_cell += f" **failed: {gist(r['failure'])}**"
         lines.append(f"| {r['setup']} | {r['workload']} | {r['method']} | {r['reached']} | {time_cell} | "
                      f"{_fmt(r['vs_gloo'])}x | {_fmt(r['vs_zcoll'])}x | {_fmt(r['steps_to_target'], '.0f')} | "
                      f"{_fmt(r['final'], '.3f')} ({_fmt(r['final_range'], '.3f')}) | {_fmt(r['step_ms'], '.1f')} |")  # fmt: skip
@@ -101,11 +116,15 @@ def markdown(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
                          f"the budget of {d['steps']} steps: it is beyond this budget")  # fmt: skip
     failed = [d for d in docs if d.get("job_failure")]
     for d in failed:
-        lines.append(f"\njob {d['setup']} {d['workload']} seed {d['seed']} failed: {d['job_failure'][:400]}")
+        lines.append(
+            f"\njob {d['setup']} {d['workload']} seed {d['seed']} failed: {gist(d['job_failure'], 400)}"
+        )
     targets = {d["workload"]: (d["quality"], d["target"], d["steps"]) for d in docs}
     lines.append("")
     for w, (quality, target, steps) in sorted(targets.items()):
-        lines.append(f"- {w}: target {quality} {'>=' if 'accuracy' in quality else '<='} {target}, budget {steps} steps")
+        lines.append(
+            f"- {w}: target {quality} {'>=' if 'accuracy' in quality else '<='} {target}, budget {steps} steps"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -117,13 +136,19 @@ def summary(table: List[Dict[str, Any]], docs: List[Dict[str, Any]]) -> str:
     lines = ["| set-up | workload | gloo s | zcoll s | best fixed | auto s | auto chose | auto vs gloo | "
              "auto vs zcoll | auto vs best | quality at the budget: auto / zcoll | auto / compute-only bound |",
              "|" + "---|" * 12]  # fmt: skip
-    for setup, workload in sorted({(r["setup"], r["workload"]) for r in table}, key=lambda k: _order((*k, ""))):
+    for setup, workload in sorted(
+        {(r["setup"], r["workload"]) for r in table}, key=lambda k: _order((*k, ""))
+    ):
         cell = {r["method"]: r for r in table if (r["setup"], r["workload"]) == (setup, workload)}
         fixed = [r for m, r in cell.items() if m not in ("compute", "zcoll-auto") and r["time_to_target_s"]]
         best = min(fixed, key=lambda r: r["time_to_target_s"], default=None)
         auto, zc, gl, comp = (cell.get(m, {}) for m in ("zcoll-auto", "zcoll", "gloo", "compute"))
         t = auto.get("time_to_target_s")
-        bound = comp.get("step_ms") and auto.get("steps_to_target") and comp["step_ms"] * auto["steps_to_target"] / 1e3
+        bound = (
+            comp.get("step_ms")
+            and auto.get("steps_to_target")
+            and comp["step_ms"] * auto["steps_to_target"] / 1e3
+        )
         chose = _chosen(docs, setup, workload)
         lines.append(f"| {setup} | {workload} | {_fmt(gl.get('time_to_target_s'), '.1f')} | {_fmt(zc.get('time_to_target_s'), '.1f')} | "
                      f"{best['method'] + ' ' + _fmt(best['time_to_target_s'], '.1f') if best else '-'} | {_fmt(t, '.1f')} | {chose} | "
@@ -137,7 +162,11 @@ def _chosen(docs: List[Dict[str, Any]], setup: str, workload: str) -> str:
     """What auto sent with, over the seeds' jobs: each method and on how many buckets."""
     counts: Dict[str, int] = {}
     for d in docs:
-        a = d["methods"].get("zcoll-auto", {}).get("auto") if (d["setup"], d["workload"]) == (setup, workload) else None
+        a = (
+            d["methods"].get("zcoll-auto", {}).get("auto")
+            if (d["setup"], d["workload"]) == (setup, workload)
+            else None
+        )
         for method in (a or {}).get("in_use", {}).values():
             counts[method] = counts.get(method, 0) + 1
     return ", ".join(f"{m} x{n}" for m, n in sorted(counts.items())) or "-"

@@ -46,3 +46,20 @@ def test_a_diverging_run_stops_naming_the_step_and_method(tmp_path):
     rc, out = run(argv, timeout=300)
     assert rc == 0, out
     assert "non-finite training loss nan at step 1 with method zcoll" in out, out
+
+
+def test_a_method_in_its_own_job_is_reported_even_when_it_aborts(tmp_path):
+    """torch's PowerSGD hook on gloo runs in a job of its own (it aborted whole jobs, from gloo's
+    thread, on the two-bucket models here): the other methods' results survive, and the hook's
+    outcome (a result, or its job's abort quoted) is in the table, never dropped."""
+    argv = [sys.executable, str(BENCH), "--setups", "shm2", "--workloads", "mlp", "--methods", "zcoll,gloo-powersgd",
+            "--seeds", "0", "--steps", "20", "--out", str(tmp_path)]  # fmt: skip
+    rc, out = run(argv, timeout=300)
+    assert rc == 0, out
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("*-seed*.json")]
+    assert set(doc["methods"]) == {"zcoll", "gloo-powersgd"}, doc["methods"].keys()
+    assert doc["methods"]["zcoll"]["steps"] == 20 and doc["methods"]["zcoll"]["failure"] is None
+    hook = doc["methods"]["gloo-powersgd"]
+    assert hook["steps"] == 20 or "its job aborted" in hook["failure"], hook
+    row = next(line for line in (tmp_path / "tta.md").read_text().splitlines() if "| gloo-powersgd |" in line)
+    assert hook["steps"] == 20 or "failed:" in row, row
