@@ -170,7 +170,22 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
             return out;
           },
           py::arg("reset") = false,
-          "Collective: every rank's raw telemetry row (collectives/link_stats.h); see link_stats().");
+          "Collective: every rank's raw telemetry row (collectives/link_stats.h); see link_stats().")
+      .def(
+          "_call_stats",
+          [](CommHandle& c) {
+            py::list out;
+            c.comm().telemetry().calls().each([&](const char* collective, const char* algorithm, int size_class,
+                                                  std::int64_t calls, std::int64_t bytes, std::int64_t sum_ns,
+                                                  const std::int64_t* buckets) {
+              out.append(py::make_tuple(collective, algorithm, size_class, calls, bytes, sum_ns,
+                                        std::vector<std::int64_t>(buckets, buckets + CallStats::kBuckets)));
+            });
+            return out;
+          },
+          "Not collective, safe while another thread runs a call: this rank's calls since creation per "
+          "(collective, algorithm, size class), each (collective, algorithm, size_class, calls, bytes, sum_ns, "
+          "buckets): comm/call_stats.h (zcoll.observe.metrics reads it).");
   cls.def(
       "dump", [](CommHandle& c, const std::string& reason) { return dump_communicator(c.comm(), reason); },
       py::arg("reason") = "zcoll.Communicator.dump()",

@@ -6,7 +6,8 @@
 //      (comm/watchdog.h);
 //   3. opens the call's flight-recorder record (comm/flight_recorder.h) and notes its arrival
 //      time for the link telemetry (comm/telemetry.h);
-//   4. ends both when it leaves: done, or failed when an exception leaves the call.
+//   4. ends both when it leaves: done, or failed when an exception leaves the call, and counts
+//      the call by collective, algorithm and size (comm/call_stats.h, for metrics).
 // A collective that runs another (the compressed allreduce without compression) is one call.
 #pragma once
 #include <cstddef>
@@ -29,8 +30,10 @@ struct CallInfo {
 
 class CallScope {
  public:
-  CallScope(Communicator& comm, const CallInfo& info) : comm_(comm), exceptions_(std::uncaught_exceptions()) {
+  CallScope(Communicator& comm, const CallInfo& info)
+      : comm_(comm), info_(info), exceptions_(std::uncaught_exceptions()) {
     const std::size_t bytes = info.count * dtype_size(info.dtype);
+    bytes_ = bytes;
     outermost_ = !comm.watchdog().in_call();
     const std::uint64_t seq = comm.watchdog().begin_call(info.collective, bytes);
     if (!outermost_) return;
@@ -49,7 +52,7 @@ class CallScope {
   ~CallScope() {
     if (outermost_) {
       comm_.recorder().end(std::uncaught_exceptions() > exceptions_);
-      comm_.telemetry().left();
+      comm_.telemetry().left(info_.collective, info_.algorithm, bytes_);
     }
     comm_.watchdog().end_call();
   }
@@ -58,6 +61,8 @@ class CallScope {
 
  private:
   Communicator& comm_;
+  CallInfo info_;
+  std::size_t bytes_ = 0;
   int exceptions_;
   bool outermost_ = true;
 };

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/call_stats.h"
 #include "comm/clock.h"
 
 namespace zcoll {
@@ -40,10 +41,18 @@ class LinkTelemetry {
     arrival_sum_ += arrived_ns_;
     ++calls_;
   }
-  void left() {
-    if (on_ && arrived_ns_ >= 0) duration_sum_ += fine_ns() - base_ns_ - arrived_ns_;
+  // The call (its collective, the algorithm that ran, this rank's input bytes) leaves; it is
+  // also counted in calls() (comm/call_stats.h).
+  void left(const char* collective, const char* algorithm, std::uint64_t bytes) {
+    if (on_ && arrived_ns_ >= 0) {
+      const std::int64_t ns = fine_ns() - base_ns_ - arrived_ns_;
+      duration_sum_ += ns;
+      calls_by_kind_.record(collective, algorithm, bytes, ns);
+    }
     arrived_ns_ = -1;
   }
+  // Per (collective, algorithm, size class) counters since creation (not reset by reset()).
+  const CallStats& calls() const { return calls_by_kind_; }
   void sent(int peer, std::uint64_t bytes) {
     if (!on_) return;
     Peer& p = peers_[static_cast<std::size_t>(peer)];
@@ -76,6 +85,7 @@ class LinkTelemetry {
   std::int64_t calls_ = 0, arrival_sum_ = 0, duration_sum_ = 0;
   std::int64_t arrived_ns_ = -1;  // the current call's arrival (-1: none)
   std::vector<Peer> peers_;
+  CallStats calls_by_kind_;
 };
 
 }  // namespace zcoll
