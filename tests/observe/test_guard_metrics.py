@@ -9,6 +9,7 @@ import socket
 import sys
 import urllib.request
 
+import pytest
 from mpi_util import run
 from zcoll.observe.guard_metrics import MetricsLog
 
@@ -20,6 +21,9 @@ def _free_port() -> int:
 
 
 def test_metrics_log_and_prometheus(tmp_path):
+    """Served by Starlette on uvicorn, rendered by prometheus_client, parsed back by its parser."""
+    parser = pytest.importorskip("prometheus_client.parser", reason="pip install 'zcoll[monitor]'")
+    pytest.importorskip("uvicorn", reason="pip install 'zcoll[monitor]'")
     port = _free_port()
     log = MetricsLog(str(tmp_path / "m.jsonl"), port=port)
     try:
@@ -31,8 +35,25 @@ def test_metrics_log_and_prometheus(tmp_path):
     finally:
         log.close()
     assert 'zcoll_compression_ratio{bucket="ddp/bucket0/10",method="int8"} 3.9' in text
-    assert "# TYPE zcoll_compression_escalations_total counter" in text
+    assert "# TYPE zcoll_compression_escalations counter" in text
     assert 'zcoll_compression_escalations_total{bucket="ddp/bucket0/10"} 2.0' in text
+    fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    assert fams["zcoll_compression_escalations"].type == "counter"
+    assert fams["zcoll_compression_ratio"].samples[0].labels == {"bucket": "ddp/bucket0/10", "method": "int8"}
+
+
+def test_metrics_port_in_use_is_a_warning_not_an_error(tmp_path):
+    """The training goes on without its metrics port (the log is still written)."""
+    pytest.importorskip("uvicorn", reason="pip install 'zcoll[monitor]'")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        with pytest.warns(UserWarning, match="in use"):
+            log = MetricsLog(str(tmp_path / "m.jsonl"), port=busy.getsockname()[1])
+    assert log.server is None
+    log.write("decision", step=1)
+    log.close()
+    assert (tmp_path / "m.jsonl").read_text().count("decision") == 1
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert rows[0]["event"] == "bucket" and rows[0]["step"] == 3 and rows[0]["ratio"] == 3.9
 

@@ -1,5 +1,5 @@
 """Metrics of guarded compression: a JSON-lines log and, when a port is set, the Prometheus text
-format served by a small HTTP thread.
+format served from a daemon thread.
 
 1. ``MetricsLog(path)``: one JSON object per line, ``{"t": unix seconds, "event": ..., ...}``,
    flushed per line so a crashed run keeps what it logged. Events: ``bucket`` (per bucket and
@@ -9,7 +9,10 @@ format served by a small HTTP thread.
 
        zcoll_compression_ratio{bucket="ddp/bucket0/1024",method="int8"} 3.9
 
-   from a daemon thread (http.server); port 0 or unset: no server.
+   rendered by prometheus_client and served by Starlette on uvicorn in a daemon thread
+   (zcoll.observe.serve; the ``monitor`` extra); port 0 or unset: no server. A port in use or a
+   missing extra is a warning naming it, never an error: the training goes on without the server.
+   ``zcoll monitor`` shows the same figures per rank beside the rest of the job.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import json
 import math
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _C
+from . import metrics, serve
 
 HELP = {
     "zcoll_compression_ratio": "dense bytes / bytes sent of the bucket's last allreduce",
@@ -48,6 +53,7 @@ class MetricsLog:
         self._lock = threading.Lock()
         port = int(_C.env_get("ZCOLL_METRICS_PORT")) if port is None else int(port)
         self.server = _serve(self, port + rank) if port else None
+
 
     def write(self, event: str, **fields: Any) -> None:
         """One JSON line; flushed at once, except the per-step "bucket" lines, which go out with
@@ -92,26 +98,46 @@ class MetricsLog:
             self._values[key] = self._values.get(key, 0.0) + float(value)
 
     def prometheus(self) -> str:
-        """The Prometheus text exposition format (version 0.0.4) of every value."""
+        """The Prometheus text exposition format (version 0.0.4) of every value, rendered by
+        prometheus_client (names ending in _total are counters, the rest gauges)."""
+        return metrics.exposition(_GuardCollector(self)).decode()
+
+    def families(self) -> Any:
+        """The values as prometheus_client metric families."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         with self._lock:
             items = sorted(self._values.items())
-        lines, seen = [], set()
+        fams: Dict[str, Any] = {}
         for (name, labels), v in items:
-            if name not in seen:
-                seen.add(name)
-                lines.append(f"# HELP {name} {HELP.get(name, name)}")
-                lines.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
-            text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
-            lines.append(f"{name}{{{text}}} {v!r}" if text else f"{name} {v!r}")
-        return "\n".join(lines) + "\n"
+            fam = fams.get(name)
+            if fam is None:
+                kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+                fam = fams[name] = kind(name, HELP.get(name, name), labels=[k for k, _ in labels])
+            fam.add_metric([val for _, val in labels], v)
+        return list(fams.values())
+
+    def buckets(self) -> List[Dict[str, Any]]:
+        """The latest figures per (bucket, method): ratio, residual_ratio, seconds (what
+        zcoll monitor shows as compression per bucket)."""
+        fields = {"zcoll_compression_ratio": "ratio", "zcoll_compression_residual_ratio": "residual_ratio",
+                  "zcoll_compression_comm_seconds": "seconds", "zcoll_compression_check_error": "check_error"}  # fmt: skip
+        with self._lock:
+            items = list(self._values.items())
+        rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        for (name, labels), v in items:
+            d = dict(labels)
+            if name in fields and "bucket" in d and "method" in d:
+                row = rows.setdefault((d["bucket"], d["method"]), {"bucket": d["bucket"], "method": d["method"]})
+                row[fields[name]] = v
+        return list(rows.values())
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
 
 
@@ -121,31 +147,29 @@ def _number(v: float) -> str:
     return repr(v) if math.isfinite(v) else json.dumps(v)
 
 
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _GuardCollector:
+    def __init__(self, log: MetricsLog):
+        self.log = log
+
+    def collect(self) -> Any:
+        return self.log.families()
 
 
 def _serve(log: MetricsLog, port: int) -> Any:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # only when serving
+    """GET /metrics (and /) on 127.0.0.1:port: Starlette on uvicorn (zcoll.observe.serve)."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?")[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            body = log.prometheus().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def page(_request: Any) -> Response:
+        return Response(log.prometheus(), media_type=metrics.CONTENT_TYPE)
 
-        def log_message(self, *args: Any) -> None:  # quiet
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, name=f"zcoll-metrics:{port}", daemon=True).start()
-    return server
+    app = Starlette(routes=[Route("/metrics", page), Route("/", page)])
+    try:
+        return serve.serve(app, serve.LOOPBACK, port)
+    except (OSError, ImportError, RuntimeError) as e:  # the job goes on without its metrics port
+        warnings.warn(f"{e}; compression metrics are not served (the JSON log, if any, is written)", stacklevel=3)
+        return None
 
 
 # -- zcoll report ------------------------------------------------------------------------------------

@@ -1,0 +1,426 @@
+"""The ranks' side of ``zcoll monitor``: what a running job publishes, from a background thread.
+
+::
+
+    mon = zcoll.observe.live.LiveMonitor(comm, "http://127.0.0.1:8765")   # every rank
+    for step in range(steps):
+        train_step()
+        mon.step()                      # every rank, once per step: a counter, now and then more
+    mon.close()
+
+``comm``: a zcoll Communicator, the ``zcoll`` torch process group, or a DDP model on it (its
+``process_group``); ``mon.attach(optimizer)`` calls ``step()`` from the optimizer's step hook.
+
+1. Every ``step()`` counts. At the steps chosen for it (about every ``period`` seconds), every
+   rank takes the window of link telemetry (``comm.link_stats(reset=True)``, collective, on
+   the communicator's own thread: through the group's ordered worker under torch, so it never
+   runs beside another collective) and classifies it (zcoll.core.diagnose.Diagnoser: healthy,
+   slow rank, slow link, slow node; confirmed over three windows). Rank 0 also broadcasts the
+   number of steps to the next window, from its measured step time, so every rank takes the
+   same decision. Under torch the window's result is read at the next window (the worker has
+   run it long before), so the training thread never waits for it.
+2. A publisher thread per rank sends, every ``period`` seconds, a JSON snapshot to the monitor
+   (HTTP POST /publish): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
+   read without communicating), its steps since the last snapshot (phases and buckets from the
+   step profiler when one runs, ``zcoll.torch.profile`` / ZCOLL_TRACE; otherwise the step time
+   and the time in collectives), the guard's per-bucket figures when compression="auto" logs
+   them, and on rank 0 the link matrices, arrival delays and the verdict.
+3. Nothing here can stop or slow the training: the queue to the publisher is bounded (a
+   snapshot that does not fit is dropped), a monitor that cannot be reached is reported once
+   (a warning naming the URL) and tried again with back-off, every error of the thread is
+   caught. Only what is listed above and the ``labels`` the caller passes are published: no
+   paths, no environment; hosts only as a fingerprint (for the history's "on these hosts").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .. import _C
+from ..core.diagnose import Diagnoser, LinkStats, Verdict
+from . import metrics, trace
+
+FORMAT = "zcoll-monitor/1"
+QUEUE = 64  # snapshots waiting for the publisher; more are dropped
+
+
+def _target(comm: Any) -> tuple[Any, Any]:
+    """(zcoll Communicator, ordered executor or None) of a Communicator, a zcoll process group
+    or a DDP model on one."""
+    group = getattr(comm, "process_group", None)
+    if group is not None:
+        comm = group
+    if hasattr(comm, "submit") and hasattr(comm, "communicator"):
+        return comm.communicator, comm
+    if not hasattr(comm, "link_stats"):
+        raise TypeError(
+            f"zcoll monitor: expected a zcoll Communicator, the zcoll process group or a DDP model on it, "
+            f"got {type(comm).__name__}"
+        )
+    return comm, None
+
+
+def verdict_dict(v: Verdict) -> dict[str, Any]:
+    who = {
+        "slow rank": v.rank,
+        "slow link": f"{v.link[0]}->{v.link[1]}" if v.link else None,
+        "slow node": v.node,
+    }
+    return {"label": v.label, "who": who.get(v.label), "text": str(v), "evidence": v.evidence}
+
+
+def links_dict(stats: LinkStats) -> dict[str, Any]:
+    def matrix(m: np.ndarray) -> list:
+        return [[float(v) if np.isfinite(v) else None for v in row] for row in np.asarray(m, float)]
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "bandwidth": matrix(stats.gbps * 1e9),
+            "latency": matrix(stats.latency),
+            "bytes": matrix(stats.bytes),
+            "arrival_delay": [float(v) if np.isfinite(v) else None for v in stats.arrival_delay],
+            "call_seconds": [float(v) if np.isfinite(v) else None for v in stats.call_seconds],
+            "calls": int(stats.calls),
+        }
+
+
+def host_fingerprint(hosts: list[str]) -> str:
+    """The same for the same set of machines, whatever the rank order; not the names."""
+    return hashlib.sha1("\n".join(sorted(set(hosts))).encode()).hexdigest()[:12]
+
+
+def step_figures(step: dict[str, Any], prev_end: int | None) -> dict[str, Any] | None:
+    """One recorded step (zcoll.observe.trace's step dict, ns on this rank's clock) as seconds:
+    step, compute, communication, exposed communication and overlap (docs/profiler.md's
+    definitions, on this rank alone)."""
+    ph = step.get("phases", {})
+    if any(k not in ph or ph[k][1] is None for k in ("forward", "backward")):
+        return None
+    ends = [v[1] for v in ph.values() if v[1] is not None]
+    starts = [v[0] for v in ph.values()]
+    begin = prev_end if prev_end is not None else min(starts)
+    b1 = ph["backward"][1]
+    buckets = [b for b in step.get("buckets", []) if b.get("end") is not None]
+    comm = hidden = 0.0
+    last = None
+    for b in sorted(buckets, key=lambda b: b["ready"]):
+        start = b["start"] if b.get("start") is not None else max(b["issued"], last or b["issued"])
+        comm += (b["end"] - start) * 1e-9
+        hidden += max(0, min(b["end"], b1) - start) * 1e-9
+        last = b["end"] if last is None else max(last, b["end"])
+    exposed = max(0, last - b1) * 1e-9 if last is not None else 0.0
+    total = (max(ends) - begin) * 1e-9
+    return {
+        "step": step.get("step"),
+        "step_s": total,
+        "compute": max(0.0, total - exposed),
+        "communication": comm,
+        "exposed_communication": exposed,
+        "overlap": hidden / comm if comm > 0 else None,
+        "source": "profiler",
+    }
+
+
+class Publisher:
+    """A daemon thread POSTing JSON documents to `url` + /publish; see the module docstring."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 2.0):
+        self.url = url.rstrip("/") + "/publish"
+        self.token, self.timeout = token, timeout
+        self.queue: queue.Queue = queue.Queue(QUEUE)
+        self.sent = self.dropped = self.failed = 0
+        self.warned = False
+        self.thread = threading.Thread(target=self._run, name="zcoll-monitor-publisher", daemon=True)
+        self.thread.start()
+
+    def put(self, doc: Any) -> None:
+        """Never blocks: a full queue drops the document. doc: a dict, or a callable building
+        one on the publisher's thread."""
+        try:
+            self.queue.put_nowait(doc)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Sends what is queued (within `timeout`), then stops the thread."""
+        while True:
+            try:
+                self.queue.put_nowait(None)
+                break
+            except queue.Full:  # make room for the stop: the oldest snapshot goes
+                try:
+                    self.queue.get_nowait()
+                    self.dropped += 1
+                except queue.Empty:
+                    pass
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            doc = self.queue.get()
+            if doc is None:
+                return
+            if backoff and time.monotonic() < backoff:
+                self.dropped += 1
+                continue
+            try:
+                body = json.dumps(doc() if callable(doc) else doc, default=float).encode()
+                self._post(body)
+                self.sent += 1
+                backoff = 0.0
+            except Exception as e:  # noqa: BLE001 (the training must never see this thread's errors)
+                self.failed += 1
+                backoff = time.monotonic() + min(30.0, 2.0 ** min(self.failed, 5))
+                if not self.warned:
+                    self.warned = True
+                    warnings.warn(
+                        f"zcoll monitor: cannot publish to {self.url} ({e}); the job goes on, publishing is "
+                        "retried with back-off (start `zcoll monitor`, or check the URL and token)",
+                        stacklevel=1,
+                    )
+
+    def _post(self, body: bytes) -> None:
+        req = urllib.request.Request(self.url, data=body, method="POST")
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            r.read()
+
+
+class _Later:
+    """A window submitted to the torch worker: wait() gives fn's result."""
+
+    def __init__(self, future: Any, box: list):
+        self.future, self.box = future, box
+
+    def wait(self) -> Any:
+        self.future.wait()
+        return self.box[0]
+
+
+class LiveMonitor:
+    """Publishes a running job to ``zcoll monitor`` (see the module docstring). Collective:
+    every rank creates it (one small broadcast: the run's id), calls ``step()`` once per step
+    and ``close()`` at the end."""
+
+    def __init__(
+        self,
+        comm: Any,
+        url: str = "http://127.0.0.1:8765",
+        *,
+        period: float = 1.0,
+        token: str | None = None,
+        labels: dict[str, Any] | None = None,
+        diagnose: bool = True,
+        first_window: int = 5,
+    ):
+        self.comm, self.executor = _target(comm)
+        self._holders = (comm, getattr(comm, "_zcoll_compression_state", None), self.comm)
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.period, self.diagnose = float(period), bool(diagnose)
+        self.labels = dict(labels or {})
+        self.steps = 0
+        self.next_window = first_window
+        self._pending: Any = None  # the torch worker's future of the last window
+        self.first_window = first_window
+        self._last_window_t = time.monotonic()
+        self._last_window_steps = 0
+        self._last_step_t: float | None = None
+        self._step_times: list[float] = []
+        self._seconds_in_calls = 0.0
+        self._trace_seen: dict[int, int] = {}
+        self.verdict: dict[str, Any] | None = None
+        self.links: dict[str, Any] | None = None
+        self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0)
+        self.run = self._run_id()
+        self._lock = threading.Lock()
+        self._steps_out: list[dict[str, Any]] = []
+        self._buckets: dict[tuple, dict[str, Any]] = {}
+        self.publisher = Publisher(url, token)
+        self._last_publish = 0.0
+        self.closed = False
+        self._publish("start")
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _nodes(self) -> list[int] | None:
+        node_of = getattr(self.comm, "node_of", None)
+        return [node_of(r) for r in range(self.size)] if node_of else None
+
+    def _collective(self, fn: Any, wait: bool = True) -> Any:
+        """fn(comm) on the communicator's own thread: its result, or (wait=False under torch)
+        a future to wait() on later."""
+        if self.executor is None:
+            return fn(self.comm)
+        box: list = []
+
+        def run() -> list:
+            box.append(fn(self.comm))
+            return []
+
+        future = self.executor.submit(run, None, async_op=True).get_future()
+        if not wait:
+            return _Later(future, box)
+        future.wait()
+        return box[0]
+
+    def _run_id(self) -> str:
+        box = np.frombuffer(uuid.uuid4().hex[:16].encode(), np.uint8).copy()
+
+        def share(comm: Any) -> Any:
+            comm.broadcast(box, root=0)
+            return box
+
+        self._collective(share)
+        name = _C.env_get("ZCOLL_NODE_ID") or socket.gethostname()  # the node, as zcoll probe names it
+        host = np.frombuffer(name.encode()[:64].ljust(64, b"\0"), np.uint8).copy()
+        hosts = np.zeros((self.size, 64), np.uint8)
+        self._collective(lambda comm: comm.allgather(host, out=hosts))
+        self.hosts = host_fingerprint([bytes(h).rstrip(b"\0").decode(errors="replace") for h in hosts])
+        self.host_count = len({bytes(h) for h in hosts})
+        return time.strftime("%Y%m%d-%H%M%S-") + bytes(box).decode()[:8]
+
+    def attach(self, optimizer: Any) -> Any:
+        """Calls step() after every ``optimizer.step()`` (torch's step post-hook); returns the
+        hook's handle."""
+        return optimizer.register_step_post_hook(lambda *_: self.step())
+
+    def _guard_buckets(self) -> list[dict[str, Any]]:
+        """compression="auto"'s per-bucket figures (its MetricsLog), on a Communicator or a DDP
+        model given apply_gradient_compression(model, "auto")."""
+        for holder in self._holders:
+            auto = getattr(holder, "compressor", None) or getattr(holder, "auto_compression", None)
+            log = getattr(auto, "metrics", None)
+            if log is not None and hasattr(log, "buckets"):
+                return log.buckets()
+        return []
+
+    def publish_bucket(self, bucket: str, method: str, **figures: float) -> None:
+        """The guard's (or the caller's) latest figures of one compressed bucket: ratio,
+        residual_ratio, seconds (shown per bucket; zcoll_compression_* metrics)."""
+        with self._lock:
+            self._buckets[(bucket, method)] = {"bucket": bucket, "method": method, **figures}
+
+    # -- per step (training thread) ------------------------------------------------------------
+    def step(self) -> None:
+        """Once per training step on every rank (see the module docstring)."""
+        if self.closed:
+            return
+        now = time.monotonic()
+        if self._last_step_t is not None:
+            self._step_times.append(now - self._last_step_t)
+        self._last_step_t = now
+        self.steps += 1
+        if self.diagnose and self.steps >= self.next_window:
+            self._window(now)
+        if now - self._last_publish >= self.period:
+            self._last_publish = now
+            self._publish()
+
+    def _window(self, now: float) -> None:
+        """The collective part: the telemetry window, and the distance to the next one, rank 0's
+        proposal broadcast to every rank (a rank that used its own could call a collective the
+        others do not make at that step)."""
+        elapsed = now - self._last_window_t
+        steps = max(1, self.steps - self._last_window_steps)
+        self._last_window_t, self._last_window_steps = now, self.steps
+        proposal = int(min(1000, max(1, round(self.period / max(elapsed / steps, 1e-6)))))
+        interval, diagnoser = np.array([proposal], np.int64), self._diagnoser
+
+        def window(comm: Any) -> tuple[LinkStats, Verdict, int]:
+            stats = comm.link_stats(reset=True)
+            comm.broadcast(interval, root=0)
+            return stats, diagnoser.update(stats), int(interval[0])
+
+        if self.executor is None:
+            result = window(self.comm)
+        else:  # the previous window's result (long done); this one is read at the next window
+            result = self._pending.wait() if self._pending is not None else None
+            self._pending = self._collective(window, wait=False)
+        if result is None:  # the first window under torch: the same fixed distance on every rank
+            self.next_window = self.steps + self.first_window
+            return
+        stats, verdict, interval_steps = result
+        self.next_window = self.steps + interval_steps
+        with self._lock:
+            self.links = links_dict(diagnoser.evidence or stats)
+            self.verdict = verdict_dict(verdict)
+
+    # -- what is published ---------------------------------------------------------------------
+    def _recorded_steps(self) -> list[dict[str, Any]]:
+        """Steps the step profiler recorded since the last call, as step_figures()."""
+        rec = trace.current()
+        out: list[dict[str, Any]] = []
+        if rec is None:
+            return out
+        for model in rec.models:
+            steps, seen = model["steps"], self._trace_seen.get(model["id"], 0)
+            complete = [i for i in range(seen, len(steps) - 1)]  # the last one may be running
+            for i in complete:
+                prev = steps[i - 1] if i > 0 else None
+                ends = [v[1] for v in prev["phases"].values() if v[1] is not None] if prev else []
+                fig = step_figures(steps[i], max(ends) if ends else None)
+                if fig is not None:
+                    out.append(fig)
+            self._trace_seen[model["id"]] = max(seen, len(steps) - 1)
+        return out
+
+    def _light_steps(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Without the profiler: the mean step time and time in collectives per step since the
+        last snapshot."""
+        times, self._step_times = self._step_times, []
+        if not times:
+            return []
+        seconds = sum(r["seconds"] for r in rows)
+        comm, self._seconds_in_calls = seconds - self._seconds_in_calls, seconds
+        mean = sum(times) / len(times)
+        return [{"step": self.steps, "step_s": mean, "communication": comm / len(times), "compute": None,
+                 "exposed_communication": None, "overlap": None, "source": "step times"}]  # fmt: skip
+
+    def _document(self, event: str | None) -> dict[str, Any]:
+        """Built on the publisher's thread."""
+        rows = metrics.call_rows(self.comm)
+        steps = self._recorded_steps() or self._light_steps(rows)
+        with self._lock:
+            doc = {
+                "format": FORMAT, "run": self.run, "rank": self.rank, "size": self.size, "t": time.time(),
+                "event": event, "calls": rows, "steps": steps,
+                "buckets": self._guard_buckets() + list(self._buckets.values()),
+                "step_count": self.steps,
+            }  # fmt: skip
+            if self.rank == 0:
+                doc.update(links=self.links, verdict=self.verdict, setup=self._setup(rows))
+        return doc
+
+    def _setup(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        algorithms = sorted({f"{r['op']}/{r['algorithm']}" for r in rows})
+        methods = sorted({b["method"] for b in [*self._buckets.values(), *self._guard_buckets()]})
+        return {"ranks": self.size, "hosts": self.hosts, "host_count": self.host_count,
+                "algorithms": algorithms, "compression": methods or ["none"], "labels": self.labels}  # fmt: skip
+
+    def _publish(self, event: str | None = None) -> None:
+        if self.executor is not None or event is None:
+            self.publisher.put(lambda: self._document(event))  # built off the training thread
+        else:
+            self.publisher.put(self._document(event))
+
+    def close(self) -> None:
+        """The last snapshot ("end"), then the publisher stops. Not collective."""
+        if self.closed:
+            return
+        self.closed = True
+        self._publish("end")
+        self.publisher.close()
