@@ -1,0 +1,89 @@
+"""zcoll.observe.live against a real monitor: a 2-rank job (tests/mpi/monitor_job.py) publishes
+to zcoll monitor's application served in this process; what arrives is the job's own numbers.
+The publisher alone: a monitor that is not there costs the caller nothing."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+from mpi_util import script_job
+from zcoll.observe import live, serve
+from zcoll.observe.monitor_state import MonitorState
+
+pytest.importorskip(
+    "starlette", reason="pip install 'zcoll[monitor]' (starlette, uvicorn, prometheus_client, plotly)"
+)
+monitor_server = pytest.importorskip("zcoll.tools.monitor_server")
+
+
+@pytest.fixture(scope="module")
+def published():
+    state = MonitorState()
+    server = serve.serve(monitor_server.make_app(state), "127.0.0.1", 0)
+    try:
+        job = script_job("mpi/monitor_job.py", 2, f"--url={server.url}", "--steps=60", "--period=0.1")
+        job.check("publish", min_checks=60)
+        yield state, job
+    finally:
+        server.close()
+
+
+def test_every_rank_published_its_calls(published):
+    state, job = published
+    s = state.snapshot()
+    assert sorted(s["ranks"]) == ["0", "1"] and s["ended"] == [0, 1]
+    for r in s["ranks"].values():
+        ring = [c for c in r["calls"] if c["op"] == "allreduce" and c["size_class"] == "1MiB"]
+        assert sum(c["calls"] for c in ring) >= 60, r["calls"]  # the job's 60 steps, 1 MiB each
+    assert f"run={s['run']}" in job.finished.output
+
+
+def test_links_verdict_and_steps(published):
+    state, _ = published
+    s = state.snapshot()
+    bw = s["links"]["bandwidth"]
+    assert bw[0][1] > 1e6 and bw[1][0] > 1e6 and bw[0][0] is None, bw
+    assert len(s["links"]["arrival_delay"]) == 2
+    assert s["verdict"]["label"] in ("healthy", "slow rank", "slow link", "slow node", "unknown"), s[
+        "verdict"
+    ]
+    steps = s["steps"]["0"]
+    assert len(steps) >= 3 and all(x["step_s"] > 0.003 for x in steps), steps
+    assert s["setup"]["ranks"] == 2 and s["setup"]["labels"] == {"model": "monitor_job"}
+    assert "allreduce/ring" in ",".join(s["setup"]["algorithms"]) or s["setup"]["algorithms"]
+
+
+def test_publisher_never_blocks_on_a_missing_monitor():
+    p = live.Publisher("http://127.0.0.1:9", timeout=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        for _ in range(1000):
+            p.put({"x": 1})
+        took = time.perf_counter() - start
+        deadline = time.monotonic() + 10
+        while p.failed == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        p.close()
+    assert took < 0.5, f"put() took {took:.3f} s for 1000 documents"
+    assert p.failed >= 1 and p.sent == 0 and p.dropped >= 1
+    assert sum("cannot publish to http://127.0.0.1:9/publish" in str(w.message) for w in caught) == 1
+
+
+def test_ddp_on_the_zcoll_backend():
+    """tests/torch_mpi/monitor_ddp.py: the windows through the group's worker leave training bit
+    for bit unchanged; with the step profiler on, the steps carry their parts."""
+    state = MonitorState()
+    server = serve.serve(monitor_server.make_app(state), "127.0.0.1", 0)
+    try:
+        job = script_job("torch_mpi/monitor_ddp.py", 2, f"--url={server.url}")
+        job.check("results_unchanged", min_checks=3)
+        job.check("profiled_steps_have_parts", min_checks=1)
+    finally:
+        server.close()
+    steps = state.snapshot()["steps"]["0"]
+    parts = [x for x in steps if x["source"] == "profiler"]
+    assert len(parts) >= 10, steps
+    assert all(x["compute"] > 0 and x["exposed_communication"] >= 0 and x["communication"] > 0 for x in parts), parts
