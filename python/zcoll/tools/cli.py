@@ -1,14 +1,17 @@
 """The `zcoll` command: `info` (this installation), `run` (restart a job from its last checkpoint:
-zcoll.tools.launcher), `probe` (the network between the ranks), `report` (step traces or flight-recorder dumps).
+zcoll.tools.launcher), `probe` (the network between the ranks), `report` (step traces or flight-recorder dumps),
+`monitor` (a live page and Prometheus metrics of a job) and `history` (the runs the monitor recorded).
 """
+
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import _C
-from ..observe import probe
-from . import launcher, probe_command, report_command
+from ..observe import flight, flight_torch, probe
+from . import launcher, monitor_command, probe_command, report_command
 
 
 def _info(_args: argparse.Namespace) -> int:
@@ -25,6 +28,22 @@ def _info(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _flight(args: argparse.Namespace) -> int:
+    paths = args.paths or [_C.dump_directory()]
+    if not args.to_torch:
+        print(flight.report(paths))
+        return 0 if flight.load(paths) else 2
+    try:
+        groups = dict(flight_torch.parse_group(g) for g in args.group)
+        written = flight_torch.to_torch(paths, args.out, groups, args.merge, args.label)
+    except ValueError as e:
+        print(f"zcoll flight: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(written)} files for torch's analyzer in {os.path.dirname(written[0])}: "
+          f"torchfrtrace {os.path.dirname(written[0])} (add --allow-incomplete-ranks when a rank left no dump)")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zcoll", description="zcoll collective communication tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
          "measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement"),
     ):  # fmt: skip
         p = sub.add_parser(
-            command, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            command,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         (probe_command if module is probe else module).add_arguments(p)
         p.set_defaults(func=entry)
@@ -53,13 +75,26 @@ def main(argv: list[str] | None = None) -> int:
         "SIGUSR1 and on zcoll.dump()): each rank's last call and its state, whom it waits for, ranks that never "
         "entered the last call or left no dump, and the first call the ranks made differently (docs/diagnose.md).",
     )
-    p.add_argument("paths", nargs="*", help="a trace directory, or dump files or directories (default: ZCOLL_DUMP_DIR)")
+    p.add_argument(
+        "paths", nargs="*", help="a trace directory, or dump files or directories (default: ZCOLL_DUMP_DIR)"
+    )
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of the analysis (default 3)")
     p.add_argument("--steps", type=int, default=3, help="steps drawn in the timeline (default 3)")
     p.add_argument(
         "--png", default=None, help="where to draw the timeline (default DIR/zcoll-timeline.png; '' for none)"
     )
     p.set_defaults(func=report_command.report)
+    for command, summary, text, add, entry in (
+        ("monitor", "a live web page and Prometheus metrics of a running job (or of a finished one)",
+         monitor_command.MONITOR_HELP, monitor_command.add_monitor_arguments, monitor_command.monitor),
+        ("history", "list, show and compare the runs zcoll monitor recorded", monitor_command.HISTORY_HELP,
+         monitor_command.add_history_arguments, monitor_command.history),
+    ):  # fmt: skip
+        p = sub.add_parser(
+            command, help=summary, description=text, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        add(p)
+        p.set_defaults(func=entry)
     args = parser.parse_args(argv)
     return args.func(args)
 

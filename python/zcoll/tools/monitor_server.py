@@ -1,0 +1,152 @@
+"""The web application of ``zcoll monitor``: Starlette routes over one MonitorState.
+
+==========================  ======================================================================
+``GET /``                   the page (monitor_page.html): plotly charts, updated by server push
+``GET /static/plotly.js``   plotly.min.js from the plotly package (nothing from the internet)
+``GET /api/state``          the state as JSON (MonitorState.snapshot)
+``GET /events``             Server-Sent Events: the state each time it changes (at most 4 a second)
+``GET /metrics``            Prometheus text format (zcoll.observe.metrics.JobCollector)
+``GET /api/history``        the latest runs of the history file
+``POST /publish``           a rank's snapshot (zcoll.observe.live.Publisher)
+==========================  ======================================================================
+
+With a token (needed off loopback), every route wants it: ``Authorization: Bearer TOKEN``
+(publishers, Prometheus' ``authorization`` setting) or ``?token=TOKEN`` once in the browser,
+which then keeps it in a same-site cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from ..observe import history as history_mod
+from ..observe import metrics
+from ..observe.monitor_state import MonitorState, clean
+
+PAGE = Path(__file__).with_name("monitor_page.html")
+PUSH_SECONDS = 0.25
+HEARTBEAT_SECONDS = 10.0
+MAX_BODY = 8 << 20
+
+
+def plotly_js() -> Path:
+    """plotly.min.js as the plotly package ships it."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("zcoll monitor needs the plotly package: pip install 'zcoll[monitor]'")
+    path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise FileNotFoundError(f"plotly.min.js is not where the plotly package keeps it ({path.parent})")
+    return path
+
+
+def _authorized(request: Any, token: str | None) -> bool:
+    if not token:
+        return True
+    given = request.headers.get("authorization", "")
+    given = given[7:] if given.lower().startswith("bearer ") else ""
+    given = given or request.query_params.get("token", "") or request.cookies.get("zcoll_token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+class _Handlers:
+    """The routes' handlers over one state (see the module docstring)."""
+
+    def __init__(self, state: MonitorState, history: history_mod.History | None):
+        from starlette import responses
+
+        self.r = responses
+        self.state, self.history = state, history
+        self.page_html = PAGE.read_text(encoding="utf-8")
+        self.script = plotly_js()
+
+    async def page(self, _request: Any) -> Any:
+        return self.r.HTMLResponse(self.page_html, headers={"Cache-Control": "no-store"})
+
+    async def plotly(self, _request: Any) -> Any:
+        return self.r.FileResponse(self.script, media_type="application/javascript")
+
+    async def api_state(self, _request: Any) -> Any:
+        return self.r.JSONResponse(self.state.snapshot())
+
+    async def api_history(self, _request: Any) -> Any:
+        if self.history is None:
+            return self.r.JSONResponse({"runs": [], "error": self.state.history_error or "no history file"})
+        try:
+            return self.r.JSONResponse({"runs": clean(self.history.runs(limit=20))})
+        except history_mod.HistoryError as e:
+            return self.r.JSONResponse({"runs": [], "error": str(e)})
+
+    async def events(self, request: Any) -> Any:
+        return self.r.StreamingResponse(_stream(request, self.state), media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
+
+    async def metrics(self, _request: Any) -> Any:
+        text = metrics.exposition(metrics.JobCollector(self.state.snapshot))
+        return self.r.Response(text, media_type=metrics.CONTENT_TYPE)
+
+    async def publish(self, request: Any) -> Any:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return self.r.Response("snapshot too large\n", 413)
+        try:
+            self.state.publish(json.loads(body))
+        except (ValueError, KeyError, TypeError) as e:
+            return self.r.Response(f"zcoll monitor: not a rank's snapshot: {e}\n", 400)
+        return self.r.Response("ok\n")
+
+
+def make_app(
+    state: MonitorState, token: str | None = None, history: history_mod.History | None = None
+) -> Any:
+    """The Starlette application (see the module docstring)."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    h = _Handlers(state, history)
+
+    def guard(handler: Any) -> Any:
+        async def wrapped(request: Any) -> Any:
+            if not _authorized(request, token):
+                return Response(
+                    "zcoll monitor: a token is needed (?token=... or Authorization: Bearer)\n", 401
+                )
+            response = await handler(request)
+            if token and request.query_params.get("token"):
+                response.set_cookie("zcoll_token", token, httponly=True, samesite="strict")
+            return response
+
+        return wrapped
+
+    routes = [
+        Route("/", guard(h.page)),
+        Route("/static/plotly.js", guard(h.plotly)),
+        Route("/api/state", guard(h.api_state)),
+        Route("/api/history", guard(h.api_history)),
+        Route("/events", guard(h.events)),
+        Route("/metrics", guard(h.metrics)),
+        Route("/publish", guard(h.publish), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+async def _stream(request: Any, state: MonitorState) -> Any:
+    """The state as an SSE event whenever its version changes; a comment line now and then
+    keeps proxies from closing the connection."""
+    seen, idle = -1, 0.0
+    while not await request.is_disconnected():
+        if state.version != seen:
+            seen = state.version
+            yield f"data: {json.dumps(state.snapshot())}\n\n"
+            idle = 0.0
+        elif idle >= HEARTBEAT_SECONDS:
+            yield ": keep-alive\n\n"
+            idle = 0.0
+        await asyncio.sleep(PUSH_SECONDS)
+        idle += PUSH_SECONDS

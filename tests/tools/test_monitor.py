@@ -1,0 +1,139 @@
+"""zcoll.tools.monitor_server and `zcoll monitor` / `zcoll history`: the routes (Prometheus text
+parsed back, server push, publishing, the token), and bad input: a port in use, an address off
+loopback, a corrupt history file, a directory with nothing to show."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from mpi_util import run
+from zcoll.observe import history as hist
+from zcoll.observe import serve
+from zcoll.observe.monitor_state import MonitorState
+
+pytest.importorskip(
+    "starlette", reason="pip install 'zcoll[monitor]' (starlette, uvicorn, prometheus_client, plotly)"
+)
+parser = pytest.importorskip("prometheus_client.parser", reason="pip install 'zcoll[monitor]'")
+monitor_server = pytest.importorskip("zcoll.tools.monitor_server")
+ZCOLL = [sys.executable, "-m", "zcoll.tools.cli"]
+
+
+def snapshot_doc(rank, run="r1", event=None):
+    d = {"format": "zcoll-monitor/1", "run": run, "rank": rank, "size": 2, "t": 1.0, "event": event, "steps": [],
+         "calls": [{"op": "allreduce", "algorithm": "ring", "size_class": "1MiB", "calls": 3, "bytes": 3 << 20,
+                    "seconds": 0.003, "buckets": [0, 0, 0, 0, 0, 0, 0, 3] + [0] * 16}], "buckets": []}  # fmt: skip
+    if rank == 0:
+        d.update(links={"bandwidth": [[None, 2e8], [1e8, None]], "latency": [[None, 5e-5], [9e-5, None]],
+                        "arrival_delay": [0.0, 1e-4]},
+                 verdict={"label": "slow link", "who": "1->0", "text": "slow link 1->0"},
+                 setup={"ranks": 2, "hosts": "fp", "compression": ["none"], "labels": {}, "algorithms": []})  # fmt: skip
+    return d
+
+
+def request(url, data=None, token=None):
+    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def server():
+    state = MonitorState()
+    s = serve.serve(monitor_server.make_app(state, token="s3cret"), "127.0.0.1", 0)
+    yield s, state
+    s.close()
+
+
+def test_routes_publish_metrics_and_token(server):
+    s, _ = server
+    assert request(f"{s.url}/api/state")[0] == 401  # no token
+    assert request(f"{s.url}/publish", snapshot_doc(0), token="wrong")[0] == 401
+    assert request(f"{s.url}/publish", snapshot_doc(0), token="s3cret") == (200, "ok\n")
+    assert request(f"{s.url}/publish", snapshot_doc(1), token="s3cret")[0] == 200
+    code, text = request(f"{s.url}/publish", {"format": "nope"}, token="s3cret")
+    assert code == 400 and "not a rank's snapshot" in text
+    code, text = request(f"{s.url}/metrics", token="s3cret")
+    fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    calls = {s.labels["rank"]: s.value for s in fams["zcoll_collective_calls"].samples}
+    assert calls == {"0": 3.0, "1": 3.0}
+    assert fams["zcoll_verdict"].samples[0].labels["who"] == "1->0"
+    code, page = request(f"{s.url}/?token=s3cret")
+    assert code == 200 and 'src="static/plotly.js"' in page and "cdn" not in page.lower()
+    code, js = request(f"{s.url}/static/plotly.js", token="s3cret")
+    assert code == 200 and len(js) > 1_000_000  # the whole library, served locally
+    assert json.loads(request(f"{s.url}/api/state", token="s3cret")[1])["verdict"]["who"] == "1->0"
+
+
+def test_server_push_sends_each_change(server):
+    s, state = server
+    req = urllib.request.Request(f"{s.url}/events", headers={"Authorization": "Bearer s3cret"})
+    with urllib.request.urlopen(req, timeout=10) as stream:
+        first = json.loads(stream.readline().decode()[len("data: ") :])
+        stream.readline()
+        state.publish(snapshot_doc(0, run="pushed"))
+        second = json.loads(stream.readline().decode()[len("data: ") :])
+    assert first["run"] is None and second["run"] == "pushed" and second["version"] > first["version"]
+
+
+def test_help():
+    for command, words in (("monitor", "--public"), ("history", "compare")):
+        rc, out = run([*ZCOLL, command, "--help"], timeout=60)
+        assert rc == 0 and words in out, out
+
+
+def test_port_in_use_and_off_loopback(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        rc, out = run([*ZCOLL, "monitor", "--port", str(port), "--no-history"], timeout=60)
+    assert rc == 2 and f"port {port} on 127.0.0.1 is in use" in out, out
+    rc, out = run([*ZCOLL, "monitor", "--host", "0.0.0.0", "--no-history"], timeout=60)
+    assert rc == 2 and "refusing to listen on 0.0.0.0" in out, out
+    rc, out = run([*ZCOLL, "monitor", "--host", "0.0.0.0", "--public", "--no-history"], timeout=60)
+    assert rc == 2 and "needs a token" in out, out
+
+
+def test_corrupt_history_and_a_finished_run(tmp_path):
+    bad = tmp_path / "h.sqlite"
+    bad.write_bytes(b"garbage" * 1000)
+    rc, out = run([*ZCOLL, "monitor", "--port", "0", "--history", str(bad), "--duration", "1"], timeout=60)
+    assert (
+        rc == 0
+        and "move it aside" in out
+        and "going on without a history" in out
+        and "http://127.0.0.1:" in out
+    )
+    rc, out = run([*ZCOLL, "monitor", str(tmp_path), "--port", "0", "--duration", "1"], timeout=60)
+    assert rc == 2 and "no step traces" in out, out
+
+
+def test_history_command(tmp_path):
+    path = tmp_path / "h.sqlite"
+    h = hist.History(path)
+    for name, t, method, step in (("20260101-a", 100.0, "none", 0.050), ("20260101-b", 200.0, "int8", 0.030)):
+        h.start_run(name, {"ranks": 2, "hosts": "fp", "compression": [method], "labels": {"model": "m"}}, t=t)
+        h.update(name, {"step_s": step, "exposed_s": step / 2, "verdict": "healthy"}, t=t)
+        h.finish(name, t=t + 1)
+    h.close()
+    rc, out = run([*ZCOLL, "history", "--history", str(path)], timeout=60)
+    assert rc == 0 and out.index("20260101-b") < out.index("20260101-a") and "50.0" in out, out
+    rc, out = run([*ZCOLL, "history", "show", "20260101-b", "--history", str(path)], timeout=60)
+    assert rc == 0 and "int8 saved 40% of the step on this model" in out, out
+    rc, out = run(
+        [*ZCOLL, "history", "compare", "20260101-a", "20260101-b", "--history", str(path)], timeout=60
+    )
+    assert rc == 0 and "(0.60x)" in out, out
+    rc, out = run([*ZCOLL, "history", "show", "2026", "--history", str(path)], timeout=60)
+    assert rc == 2 and "no single run matches 2026" in out, out
