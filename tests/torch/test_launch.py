@@ -1,12 +1,12 @@
 """zcoll.torch._launch: the ways to start the "zcoll" backend under mpirun
-(tests/torch_mpi/startup.py), torchrun refused with a clear error, and the process-local store
-that fails fast on a missing key."""
+(tests/torch_mpi/startup.py) and the process-local store that fails fast on a missing key.
+Under torchrun: tests/torch/test_torchrun.py."""
 
 import pytest
 import zcoll.torch
-from mpi_util import BIN_DIR, TESTS_DIR, parse_cases, run, script_job, tail
+from mpi_util import script_job
 
-STARTUP = {"plain": 3, "helper": 3, "gloo_local": 2, "gloo_hook": 2}  # case: ranks (torchrun apart)
+STARTUP = {"plain": 3, "helper": 3, "gloo_local": 2, "gloo_hook": 2}  # case: ranks
 
 
 @pytest.mark.parametrize("case", list(STARTUP))
@@ -14,18 +14,6 @@ def test_startup_under_mpirun(case):
     ranks = STARTUP[case]
     same_ranks = [c for c in STARTUP if STARTUP[c] == ranks]
     script_job("torch_mpi/startup.py", ranks, *same_ranks, timeout=120).check(case)
-
-
-def test_torchrun_is_refused_with_a_clear_error():
-    torchrun = BIN_DIR / "torchrun"
-    assert torchrun.exists(), "torchrun is installed with torch"
-    rc, out = run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", TESTS_DIR / "torch_mpi/startup.py", "torchrun"],
-        timeout=120,
-    )
-    reports = parse_cases(out).get("torchrun", [])
-    # each torchrun process is an MPI world of its own and reports the case itself
-    assert [r.status for r in reports] == ["PASS", "PASS"] and rc == 0, tail(out)
 
 
 def test_process_local_store_fails_fast_on_missing_keys():

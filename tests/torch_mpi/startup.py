@@ -4,11 +4,8 @@
   helper       zcoll.torch.init_process_group(), then again on an MPI sub-communicator
   gloo_local   gloo under mpirun without MASTER_ADDR: a clear error, not a hang
   gloo_hook    gloo (MASTER_ADDR from rank 0) + DDP: apply_gradient_compression refuses it
-  torchrun     under torchrun with 2 processes: a clear error telling to use mpirun (each process
-               is an MPI world of its own there, so each reports the case)
 
 Run: PYTHONPATH=tests mpirun -n 3 python -m mpi4py tests/torch_mpi/startup.py plain helper
-     torchrun --standalone --nproc_per_node 2 tests/torch_mpi/startup.py torchrun
 """
 
 import os
@@ -67,11 +64,6 @@ def case_gloo_hook(ck: Checks):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     ck.raises(ValueError, lambda: zcoll.torch.apply_gradient_compression(model), "zcoll backend", "gloo")
     dist.destroy_process_group()
-
-
-def case_torchrun(ck: Checks):
-    ck.raises(RuntimeError, lambda: dist.init_process_group("zcoll"), "mpirun", "torchrun")
-    ck.raises(RuntimeError, zcoll.torch.init_process_group, "mpirun", "torchrun")
 
 
 if __name__ == "__main__":

@@ -1,35 +1,41 @@
-"""Starting torch.distributed on MPI: no MASTER_ADDR, no network store.
+"""Starting torch.distributed on MPI, under any launcher: mpirun / srun, or torchrun.
 
-zcoll's process group talks through MPI, so it needs neither torch's TCP rendezvous nor a shared
-store: rank and size come from MPI and a process-local store satisfies torch's bookkeeping.
+zcoll's process group talks through MPI. How MPI learns the job depends on who started the
+processes:
 
-1. ``zcoll.torch.init_process_group()`` (optionally on an mpi4py communicator) calls
-   ``dist.init_process_group("zcoll", store=ProcessLocalStore(), rank=..., world_size=...)``.
-2. Plain ``dist.init_process_group("zcoll")`` uses torch's ``env://`` rendezvous. Importing
-   ``zcoll.torch`` wraps that handler: under an MPI launcher (mpirun/mpiexec/srun: PMI_*, OMPI_*,
-   PMIX_*, SLURM_* variables) with MASTER_ADDR unset, it answers with MPI's rank and size and a
-   :class:`ProcessLocalStore` instead of failing on the missing variable. In every other case
-   the stock handler runs unchanged.
-3. torchrun starts processes that MPI cannot join (MPICH singletons cannot connect to each other:
-   checked, ``MPI_Comm_accept`` fails in ``MPIDI_check_disjoint_lpids``). Creating the process
-   group there with more than one rank raises a RuntimeError saying to launch with mpirun or srun.
+1. An MPI launcher (mpirun/mpiexec, srun: PMI_*, OMPI_*, PMIX_*, SLURM_* variables): MPI knows
+   the job; no MASTER_ADDR and no network store are needed. ``zcoll.torch.init_process_group()``
+   passes a :class:`ProcessLocalStore`; for plain ``dist.init_process_group("zcoll")``, importing
+   ``zcoll.torch`` wraps torch's ``env://`` handler so that with MASTER_ADDR unset it answers with
+   MPI's rank and size and a ``ProcessLocalStore``. In every other case the stock handler runs.
+2. A torch launcher (torchrun, or anything that sets MASTER_ADDR / MASTER_PORT / RANK /
+   WORLD_SIZE): the creator of the default zcoll group, before MPI is initialised, joins the
+   processes into one MPI job through torch's own rendezvous store (``join_launcher_job``:
+   zcoll.core.store_launch serves MPICH's PMI from the store). Nodes are torchrun's agents
+   (GROUP_RANK), else host names, so shared memory and the hierarchical algorithms see them.
+   MPI must not be initialised before (mpi4py.MPI imported first): then a RuntimeError says so.
+3. At exit, after the process groups are shut down, MPI is finalised when step 2 started it.
 
 Example::
 
-    # mpirun -n 4 python train.py
-    import zcoll.torch
-    zcoll.torch.init_process_group()          # or: dist.init_process_group("zcoll")
+    # mpirun -n 4 python train.py       or      torchrun --nproc-per-node 4 train.py
+    import torch.distributed as dist, zcoll.torch
+    dist.init_process_group("zcoll")          # or: zcoll.torch.init_process_group()
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import socket
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
+
+from ..core import store_launch
 
 # the module (torch.distributed.rendezvous, the attribute, is a function of the same name)
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -44,6 +50,9 @@ _MPI_LAUNCHER_VARS = (
 )
 
 _stores: List["ProcessLocalStore"] = []
+# At exit after the process groups (backend.py registers its handler after importing this module,
+# so it runs first): MPI_Finalize when join_launcher_job started MPI.
+atexit.register(store_launch.finalize)
 _world_comm: Any = None  # the mpi4py communicator the default group is built on (None: COMM_WORLD)
 
 
@@ -66,14 +75,67 @@ def world_comm() -> Any:
 
 
 def launch_error(torch_rank: int, torch_size: int, comm: Any) -> RuntimeError:
-    how = "started by torchrun, " if under_torchrun() else ""
+    if store_launch.joined() or under_mpi_launcher():
+        how = "Start every process with one launcher (`mpirun -n N`, `srun -n N`, or `torchrun`)."
+    else:
+        how = (
+            "MPI was initialised before the zcoll process group (mpi4py.MPI imported, or a "
+            "zcoll.Communicator made, first), so it could not join the launcher's job: create the "
+            "group first (`import zcoll.torch; dist.init_process_group('zcoll')`), then use MPI."
+        )
     return RuntimeError(
         f"zcoll: torch.distributed says rank {torch_rank} of {torch_size} but MPI says rank {comm.rank} of "
-        f"{comm.size}. The zcoll backend communicates through MPI, so every process must be {how}"
-        "part of one MPI job: launch with `mpirun -n N python script.py` (or `srun`), not torchrun "
-        "(MPI cannot join processes it did not start). Then zcoll.torch.init_process_group() needs no "
-        "MASTER_ADDR."
+        f"{comm.size}. {how}"
     )
+
+
+def _node_label() -> str:
+    """Which ranks share a node: torchrun's agent (GROUP_RANK; one per node, also when a test bed
+    puts several on one machine), else the host name (with ZCOLL_NODE_ID where set)."""
+    if "GROUP_RANK" in os.environ:
+        return "group" + os.environ["GROUP_RANK"]
+    return socket.gethostname() + "/" + os.environ.get("ZCOLL_NODE_ID", "")
+
+
+def _store_address(store: Any) -> str:
+    """host:port of the TCPStore under torch's prefix stores, else MASTER_ADDR:MASTER_PORT."""
+    while getattr(store, "underlying_store", None) is not None:
+        store = store.underlying_store
+    if hasattr(store, "host") and hasattr(store, "port"):
+        return f"{store.host}:{store.port}"
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+
+def join_launcher_job(opts: Any, timeout: float | None) -> None:
+    """For the default zcoll group: when no MPI launcher started this process and MPI is not
+    initialised yet, makes the processes of torch's group one MPI job through torch's store
+    (the module docstring, 2). timeout: seconds (None: ZCOLL_TIMEOUT)."""
+    if opts.group_size == 1 or under_mpi_launcher() or store_launch.mpi_initialized():
+        return  # one process: MPI starts as a singleton, as it always did
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"zcoll/pmi/{os.environ.get('TORCHELASTIC_RUN_ID', 'env')}/{restart}/"
+    where = _store_address(opts.store)
+    try:
+        store_launch.join(
+            opts.store,
+            opts.group_rank,
+            opts.group_size,
+            _node_label(),
+            store_launch.default_timeout() if timeout is None else timeout,
+            prefix,
+            f"torch's store at {where}",
+        )
+    except store_launch.PmiError as e:
+        raise RuntimeError(
+            f"zcoll: cannot start MPI for rank {opts.group_rank} of {opts.group_size}: {e}"
+        ) from e
+    except (RuntimeError, OSError) as e:
+        if "zcoll" in str(e):
+            raise
+        raise RuntimeError(
+            f"zcoll: rank {opts.group_rank} of {opts.group_size} lost torch's store at {where} while "
+            f"starting MPI ({type(e).__name__}: {e})"
+        ) from e
 
 
 class ProcessLocalStore(dist.Store):
@@ -157,9 +219,12 @@ def install_env_rendezvous() -> None:
 
 
 def init_process_group(comm: Any = None, timeout: Optional[timedelta] = None, **kwargs: Any) -> None:
-    """Initialises torch.distributed's default group on zcoll, ranks and size from MPI.
+    """Initialises torch.distributed's default group on zcoll.
 
-    comm: an mpi4py intracommunicator (default MPI.COMM_WORLD); torch's global ranks are its ranks.
+    Under an MPI launcher, ranks and size come from MPI: comm, an mpi4py intracommunicator
+    (default MPI.COMM_WORLD), and torch's global ranks are its ranks. Under a torch launcher
+    (torchrun: MASTER_ADDR set, no MPI launcher, MPI not initialised yet) this is
+    ``dist.init_process_group("zcoll")``, which starts MPI from torch's store.
     Other keyword arguments go to ``dist.init_process_group``.
 
     Example::
@@ -169,6 +234,10 @@ def init_process_group(comm: Any = None, timeout: Optional[timedelta] = None, **
         t = torch.ones(4); dist.all_reduce(t)
     """
     global _world_comm
+    torch_launch = comm is None and "MASTER_ADDR" in os.environ and not under_mpi_launcher()
+    if torch_launch and not store_launch.mpi_initialized():
+        dist.init_process_group("zcoll", timeout=timeout, **kwargs)
+        return
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm

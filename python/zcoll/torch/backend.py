@@ -160,6 +160,8 @@ def _parent_comm() -> Any:
 
 def _create(opts: Any, backend_options: Any = None) -> ProcessGroupZcoll:
     """torch's creator (extended API): the default group or a subgroup, see the module docstring."""
+    if not opts.global_ranks_in_group:  # before mpi4py starts MPI: a torch launcher's job joins MPI
+        _launch.join_launcher_job(opts, _timeout_seconds(opts))
     from mpi4py import MPI
 
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # worker threads call MPI alongside the caller

@@ -1,0 +1,87 @@
+"""The zcoll backend under torchrun (zcoll.core.store_launch serves MPI's start-up from torch's
+store): tests/torch_mpi/launchers.py under mpirun and under torchrun at 2 and 4 processes, every
+case passing under both and its results bitwise identical (the digests of every rank's results
+equal); and the errors, within the timeout and naming what is missing, when a worker never
+arrives, when one states another WORLD_SIZE, and when the store goes away."""
+
+import functools
+import re
+import time
+
+import pytest
+from mpi_util import BIN_DIR, TESTS_DIR, job_env, run, script_job, tail
+
+SCRIPT = "torch_mpi/launchers.py"
+CASES = ("collectives", "torch_ops", "nodes")
+# torchrun prefixes each worker's lines as mpirun -prepend-rank does, for the result protocol
+PREFIXED = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}] "}
+_DIGEST = re.compile(r"ZCOLL-DIGEST (\S+) ([0-9a-f]{64})")
+_ERROR = re.compile(r"ZCOLL-ERROR rank (\d+) after ([\d.]+) s: (.*)")
+
+
+def torchrun_cmd(ranks: int, *args) -> list:
+    return [str(BIN_DIR / "torchrun"), "--standalone", "--nproc-per-node", str(ranks), *map(str, args)]
+
+
+@functools.cache  # one launcher object per size: script_job keys on it
+def torchrun_launcher(ranks: int):
+    return lambda argv: torchrun_cmd(ranks, "--tee", "3", *argv[3:])  # argv: python -m mpi4py script ...
+
+
+def jobs(ranks: int):
+    return (
+        script_job(SCRIPT, ranks, timeout=300),
+        script_job(SCRIPT, ranks, env=PREFIXED, timeout=300, launcher=torchrun_launcher(ranks)),
+    )
+
+
+def digest(job, case: str) -> str:
+    found = {m.group(1): m.group(2) for m in _DIGEST.finditer(job.finished.output)}
+    assert case in found, f"{job.describe()}: no digest for {case}:\n{tail(job.finished.output)}"
+    return found[case]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("case", CASES)
+def test_torchrun_matches_mpirun(case, ranks):
+    under_mpirun, under_torchrun = jobs(ranks)
+    under_mpirun.check(case)
+    under_torchrun.check(case)
+    assert digest(under_torchrun, case) == digest(under_mpirun, case), (
+        "torchrun's results differ from mpirun's"
+    )
+
+
+def fault_errors(fault: str, timeout: float) -> tuple:
+    """({rank: (seconds, message)} of each rank whose group creation failed, the output), in a
+    torchrun job of 2 workers with this fault (tests/torch_mpi/launchers.py); the job must fail,
+    in time."""
+    start = time.monotonic()
+    cmd = torchrun_cmd(2, TESTS_DIR / SCRIPT, f"--fault={fault}", f"--timeout={timeout}")
+    rc, out = run(cmd, env=job_env(), timeout=timeout + 90)
+    assert rc != 0, f"the job should fail:\n{tail(out)}"
+    assert time.monotonic() - start < timeout + 60, tail(out)
+    return {int(m.group(1)): (float(m.group(2)), m.group(3)) for m in _ERROR.finditer(out)}, out
+
+
+def test_a_worker_that_never_arrives_is_named_within_the_timeout():
+    errors, out = fault_errors("missing", 4)
+    assert 0 in errors, tail(out)
+    seconds, message = errors[0]
+    assert "[1]" in message and "did not arrive within 4 s" in message, message
+    assert 4 <= seconds < 10, f"named after {seconds} s"
+
+
+def test_a_mismatched_world_size_fails_on_every_rank():
+    errors, out = fault_errors("size", 30)
+    assert sorted(errors) == [0, 1], tail(out)
+    for seconds, message in errors.values():
+        assert "WORLD_SIZE=" in message and "same world size" in message, message
+        assert seconds < 25, f"a mismatch should fail at once, took {seconds} s"
+
+
+def test_a_store_that_goes_away_is_named():
+    errors, out = fault_errors("store", 30)
+    assert 1 in errors, tail(out)
+    seconds, message = errors[1]
+    assert "store" in message and seconds < 30, message
