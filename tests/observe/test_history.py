@@ -65,7 +65,7 @@ def _run(h, name, t, hosts="hx", slow=None, method="none", step=None, labels=Non
 
 def test_suggestions_from_history(tmp_path):
     h = hist.History(tmp_path / "h.sqlite")
-    for k, slow in enumerate(["2->3", "2->3", None, "2->3", "2->3", "1->0"]):
+    for k, slow in enumerate(["1->0", "2->3", "2->3", None, "2->3", "2->3"]):  # the oldest falls out
         _run(h, f"r{k}", 100.0 + k, slow=slow)
     _run(h, "other", 50.0, hosts="elsewhere", slow="2->3")
     text = [s["text"] for s in hist.suggestions(h, "hx")]

@@ -52,7 +52,7 @@ def test_links_verdict_and_steps(published):
     steps = s["steps"]["0"]
     assert len(steps) >= 3 and all(x["step_s"] > 0.003 for x in steps), steps
     assert s["setup"]["ranks"] == 2 and s["setup"]["labels"] == {"model": "monitor_job"}
-    assert "allreduce/ring" in ",".join(s["setup"]["algorithms"]) or s["setup"]["algorithms"]
+    assert any(a.startswith("allreduce/") for a in s["setup"]["algorithms"]), s["setup"]
 
 
 def test_publisher_never_blocks_on_a_missing_monitor():
@@ -86,4 +86,6 @@ def test_ddp_on_the_zcoll_backend():
     steps = state.snapshot()["steps"]["0"]
     parts = [x for x in steps if x["source"] == "profiler"]
     assert len(parts) >= 10, steps
-    assert all(x["compute"] > 0 and x["exposed_communication"] >= 0 and x["communication"] > 0 for x in parts), parts
+    assert all(
+        x["compute"] > 0 and x["exposed_communication"] >= 0 and x["communication"] > 0 for x in parts
+    ), parts

@@ -91,7 +91,9 @@ class Server:
 
         self.sock = sock
         self.host, self.port = sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
+        )  # an open event stream must not hold it
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"{name}:{self.port}", daemon=True)
         self._thread.start()

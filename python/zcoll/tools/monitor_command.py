@@ -189,7 +189,7 @@ def _show(h: history_mod.History, r: dict[str, Any]) -> str:
     ]
     for e in h.events(r["id"]):
         lines.append(f"  {_when(e['t'])} {e['kind']}: {e.get('text') or e.get('what') or e.get('label', '')}")
-    for x in history_mod.suggestions(h, r["hosts"], setup.get("labels"), r["ranks"], exclude=r["id"]):
+    for x in history_mod.suggestions(h, r["hosts"], setup.get("labels"), r["ranks"]):  # this run among them
         lines.append(f"  suggestion: {x['text']}")
     return "\n".join(lines)
 
