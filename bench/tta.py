@@ -106,11 +106,11 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
             flush=True,
         )
         methods = args.methods.split(",")
-        shared = [m for m in methods if m not in ISOLATED]
+        shared = [m for m in methods if m not in ISOLATED] or methods[:1]  # a job of isolated ones alone
         why = _job(
             argparse.Namespace(**{**vars(args), "methods": ",".join(shared)}), setup, workload, seed, path
         )
-        for name in (m for m in methods if m in ISOLATED):
+        for name in (m for m in methods if m in ISOLATED and m not in shared):
             alone = path.with_suffix(f".{name}.json")
             failed = _job(argparse.Namespace(**{**vars(args), "methods": name}), setup, workload, seed, alone)
             if why is None:
