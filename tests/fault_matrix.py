@@ -452,12 +452,15 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
     }
 
 
-def run_case(case: Case, s: Settings, log_dir: Path | None = None, keep_log: bool = False) -> dict:
-    """Runs one case; returns its verdict (judge()), with the command that reruns it."""
+def run_case(
+    case: Case, s: Settings, log_dir: Path | None = None, keep_log: bool = False, dumps: Path | None = None
+) -> dict:
+    """Runs one case; returns its verdict (judge()), with the command that reruns it. dumps: where
+    the ranks' flight-recorder dumps go and stay (default: a directory removed afterwards)."""
     work = Path(tempfile.mkdtemp(prefix="zcoll-fault-"))
-    reports, dumps = work / "reports", work / "dumps"
+    reports, dumps = work / "reports", dumps or work / "dumps"
     reports.mkdir()
-    dumps.mkdir()
+    dumps.mkdir(parents=True, exist_ok=True)
     env = job_env({"ZCOLL_TEST_REPORTS": str(reports), "ZCOLL_DUMP_DIR": str(dumps)})
     if s.sanitize:
         env["PYTHONPATH"] = os.pathsep.join([str(s.sanitize), env["PYTHONPATH"]])

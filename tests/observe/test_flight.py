@@ -1,6 +1,8 @@
 """The flight recorder (csrc/comm/flight_recorder.h, dump.h) and `zcoll report`
 (python/zcoll/flight.py): the analysis on hand-made dumps, then real dumps of ranks made to
-diverge on purpose (tests/mpi/flight.py) at 2 and 4 ranks."""
+diverge on purpose (tests/mpi/flight.py) at 2 and 4 ranks, which torch's own analyzer
+(torchfrtrace) reads too once `zcoll flight --to-torch` has converted them (the converter itself:
+test_flight_torch.py)."""
 
 from __future__ import annotations
 
@@ -9,24 +11,47 @@ import sys
 import tempfile
 
 import pytest
-from mpi_util import case_names, run, script_job
-
+from mpi_util import BIN_DIR, case_names, run, script_job
 from zcoll.observe import flight
 
 DUMP_DIR = tempfile.mkdtemp(prefix="zcoll-test-dumps-")
 
 
 def call(seq, collective="allreduce", state="done", waiting_for=-1, nbytes=4096, **kw):
-    c = {"seq": seq, "collective": collective, "algorithm": "ring", "dtype": "float32", "op": "sum",
-         "count": nbytes // 4, "bytes": nbytes, "root": -1, "state": state, "waiting_for": waiting_for,
-         "start": 1.0, "end": None, "peers": []}
+    c = {
+        "seq": seq,
+        "collective": collective,
+        "algorithm": "ring",
+        "dtype": "float32",
+        "op": "sum",
+        "count": nbytes // 4,
+        "bytes": nbytes,
+        "root": -1,
+        "state": state,
+        "waiting_for": waiting_for,
+        "start": 1.0,
+        "end": None,
+        "peers": [],
+    }
     c.update(kw)
     return c
 
 
 def write_dump(directory, rank, calls, size=4, comm="c1", reason="zcoll.dump()"):
-    d = {"format": flight.FORMAT, "version": 1, "comm": comm, "rank": rank, "size": size, "pid": 100 + rank,
-         "host": "h", "reason": reason, "time": 2.0, "timeout": 3.0, "broken": False, "calls": calls}
+    d = {
+        "format": flight.FORMAT,
+        "version": 1,
+        "comm": comm,
+        "rank": rank,
+        "size": size,
+        "pid": 100 + rank,
+        "host": "h",
+        "reason": reason,
+        "time": 2.0,
+        "timeout": 3.0,
+        "broken": False,
+        "calls": calls,
+    }
     path = directory / f"zcoll-flight-{comm}-rank{rank}.json"
     path.write_text(json.dumps(d))
     return path
@@ -95,3 +120,22 @@ def test_report_command(tmp_path):
 def test_dumps_of_diverging_ranks(case, nprocs):
     env = {"ZCOLL_DUMP_DIR": f"{DUMP_DIR}/{nprocs}"}
     script_job("mpi/flight.py", nprocs, env=env, timeout=180).check(case, min_checks=2)
+
+
+def test_torch_analyzer_names_the_rank_that_never_came_and_the_mismatch(tmp_path):
+    """The 4-rank job above, converted: torch's fr_trace finds rank 3 missing from allreduce #4
+    (the rank that skipped a call) and rank 3's broadcast where the others allreduced (#3)."""
+    job = script_job("mpi/flight.py", 4, env={"ZCOLL_DUMP_DIR": f"{DUMP_DIR}/4"}, timeout=180)
+    job.launch()
+    assert job.cases, job.finished.output[-3000:]
+    rc, out = run([sys.executable, "-m", "zcoll", "flight", "--to-torch", f"{DUMP_DIR}/4", "--out", tmp_path / "fr"],
+                  timeout=60)  # fmt: skip
+    assert rc == 0 and "4 files for torch's analyzer" in out, out
+    rc, text = run([BIN_DIR / "torchfrtrace", tmp_path / "fr"], timeout=120)
+    assert rc == 0, text
+    assert "Not all ranks joining collective, sequence number: 4" in text and "missing ranks: {3}" in text, (
+        text
+    )
+    # torch matches from whichever rank's file it lists first: it blames rank 3, or names the broadcast
+    assert "COLLECTIVE_TYPE_MISMATCH" in text, text
+    assert "Culprit rank 3" in text or "Expected collective type: 'broadcast'" in text, text

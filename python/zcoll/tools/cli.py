@@ -95,6 +95,23 @@ def main(argv: list[str] | None = None) -> int:
         )
         add(p)
         p.set_defaults(func=entry)
+
+    p = sub.add_parser(
+        "flight",
+        help="flight-recorder dumps: where the ranks diverged, or --to-torch for torch's analyzer (torchfrtrace)",
+        description=flight_torch.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="*", help="dump files or directories (default: ZCOLL_DUMP_DIR)")
+    p.add_argument("--to-torch", action="store_true", help="write torch flight-recorder files (one per rank)")
+    p.add_argument("--out", default=None, help="where (default: <first directory>/torch-fr)")
+    p.add_argument(
+        "--merge", default=None, metavar="DIR", help="torch's own dumps of the same job to merge in"
+    )
+    p.add_argument("--group", action="append", default=[], metavar="ID=NAME[:DESC[:RANKS]]",
+                   help="name a communicator's process group (repeatable)")  # fmt: skip
+    p.add_argument("--label", default="gloo", help="the backend label torch's analyzer sees (default gloo)")
+    p.set_defaults(func=_flight)
     args = parser.parse_args(argv)
     return args.func(args)
 
