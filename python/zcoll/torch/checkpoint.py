@@ -10,7 +10,10 @@ One checkpoint holds everything the next step depends on:
 
 Saving is atomic (``zcoll.checkpoint_files``: each part written to a temporary file, fsync'd and
 renamed; a manifest listing every part, written by rank 0 after all ranks reported, commits the
-checkpoint). A save interrupted anywhere leaves the previous checkpoint as the latest one.
+checkpoint). A save interrupted anywhere leaves the previous checkpoint as the latest one. The
+ranks report to each other through torch's default group when there is one, so a rank stopped
+or killed in the middle of a save or load makes the others raise at the group's timeout (MPI's
+own collectives would wait forever); the chaos run (docs/errors.md) kills and stops ranks there.
 
 Resuming:
 
@@ -62,6 +65,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..core import checkpoint_files as files
 from ..core.checkpoint_files import Manifest
@@ -92,6 +96,36 @@ class Resumed:
     @property
     def resized(self) -> bool:
         return self.saved_world_size != self.world_size
+
+
+# -- how the ranks agree ----------------------------------------------------------------------------
+class _GroupExchange:
+    """gather / bcast of small objects through torch.distributed's default group, in the shape of
+    mpi4py's: its collectives run under the group's timeout, so a rank that stops in the middle of
+    a save or load makes the others raise instead of waiting in MPI forever."""
+
+    def __init__(self) -> None:
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out if self.rank == root else None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+
+def _exchange(comm: Any) -> Any:
+    """`comm` when given (an mpi4py communicator), else torch's default group when there is one,
+    else the MPI world that torch's ranks refer to."""
+    if comm is not None:
+        return comm
+    if dist.is_available() and dist.is_initialized():
+        return _GroupExchange()
+    return _launch.world_comm()
 
 
 # -- what goes into a checkpoint ------------------------------------------------------------------
@@ -180,8 +214,9 @@ def save(
 
     1. Each rank writes its part (RNG states, compression state); rank 0 also the replicated part
        (model, optimizer, accumulation counter, data position, extra). Atomic writes.
-    2. The ranks report their parts to rank 0 (an MPI gather on `comm`, default the world that
-       torch's ranks refer to); rank 0 writes the manifest (the commit), then keeps the newest
+    2. The ranks report their parts to rank 0 (a gather on `comm`, an mpi4py communicator; by
+       default torch's default group, under its timeout, or the MPI world when torch.distributed
+       is not initialised); rank 0 writes the manifest (the commit), then keeps the newest
        `keep` checkpoints and deletes the rest.
     3. Every rank learns the outcome: a rank that failed to write makes every rank raise, and the
        checkpoint is not committed.
@@ -198,7 +233,7 @@ def save(
             f"checkpoint.save at step {step}: {schedule.micro} of {schedule.steps} micro-batches are "
             "accumulated; save right after an update (optimizer.updated): accumulated gradients are not saved"
         )
-    comm = comm if comm is not None else _launch.world_comm()
+    comm = _exchange(comm)
     directory = Path(directory)
     parts, error = _write_parts(
         directory, step, comm, model, optimizer, compression_state, schedule, data_position, extra
@@ -324,9 +359,9 @@ def load(
     Objects passed must have been saved (else ValueError); state saved but not asked for is left
     alone. Another rank count than at the save: see the module docstring (2.). rebuild_buckets:
     a forward and backward pass through the DDP `model`, run first when there is a checkpoint
-    (module docstring, 3.).
+    (module docstring, 3.). The ranks agree on the checkpoint as in :func:`save` (2.).
     """
-    comm = comm if comm is not None else _launch.world_comm()
+    comm = _exchange(comm)
     chosen = _choose(Path(source), comm)
     if chosen is None:
         return None
