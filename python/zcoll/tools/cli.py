@@ -44,25 +44,7 @@ def _flight(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="zcoll", description="zcoll collective communication tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
-    p.set_defaults(func=_info)
-    for command, module, entry, summary in (
-        ("run", launcher, launcher.run, "run an MPI job, restarting it from its last checkpoint when it fails"),
-        ("probe", probe, probe_command.main,
-         "measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement"),
-    ):  # fmt: skip
-        p = sub.add_parser(
-            command,
-            help=summary,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        (probe_command if module is probe else module).add_arguments(p)
-        p.set_defaults(func=entry)
-
+def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="summarise step traces (zcoll.torch.profile / ZCOLL_TRACE) or flight-recorder dumps",
@@ -84,6 +66,28 @@ def main(argv: list[str] | None = None) -> int:
         "--png", default=None, help="where to draw the timeline (default DIR/zcoll-timeline.png; '' for none)"
     )
     p.set_defaults(func=report_command.report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zcoll", description="zcoll collective communication tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="show the version, MPI library and SIMD level in use")
+    p.set_defaults(func=_info)
+    for command, module, entry, summary in (
+        ("run", launcher, launcher.run, "run an MPI job, restarting it from its last checkpoint when it fails"),
+        ("probe", probe, probe_command.main,
+         "measure every rank pair's latency and bandwidth (run under mpirun); tiers, hotspots, placement"),
+    ):  # fmt: skip
+        p = sub.add_parser(
+            command,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        (probe_command if module is probe else module).add_arguments(p)
+        p.set_defaults(func=entry)
+
+    _add_report(sub)
     for command, summary, text, add, entry in (
         ("monitor", "a live web page and Prometheus metrics of a running job (or of a finished one)",
          monitor_command.MONITOR_HELP, monitor_command.add_monitor_arguments, monitor_command.monitor),
