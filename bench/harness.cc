@@ -17,12 +17,24 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "collectives/link_stats.h"
 #include "collectives/options.h"
+#include "config.h"
 #include "kernels/reduce.h"
 #include "kernels/simd_level.h"
 
+#if ZCOLL_WITH_SMPI
+#include <smpi/smpi.h>
+#include <smpi/smpi_helpers_internal.h>
+#endif
+
 namespace zcoll::bench {
 namespace {
+
+// Under SimGrid's SMPI (build/smpi, docs/scale.md) every simulated rank lives in one process: the
+// buffers are SMPI's shared malloc (one physical block however many ranks and bytes, so contents
+// are meaningless and results are not checked), nothing is filled, and time is simulated time.
+constexpr bool kSimulated = ZCOLL_WITH_SMPI;
 
 struct Args {
   std::size_t min_bytes = 4 << 10;
@@ -30,7 +42,7 @@ struct Args {
   double factor = 2.0;
   int iters = 20;
   int warmup = 5;
-  int check = 1;
+  int check = kSimulated ? 0 : 1;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   std::vector<std::string> algorithms;  // row names: zcoll algorithms, -z variants, then "mpi"
@@ -41,6 +53,7 @@ struct Args {
   bool in_place = false;
   double max_seconds = 30.0;
   std::string csv;
+  std::string link_stats;             // --link-stats FILE: comm.link_stats()'s rows after the sweep
   std::vector<std::string> toggles;  // --off: features measured off beside on ("deadlines")
 };
 
@@ -108,6 +121,9 @@ void print_help(const CollectiveBench& b, const char* prog) {
       "             with the row itself (rows named ROW/-FEATURE; repeatable): deadlines,\n"
       "             telemetry, recorder. E.g. the telemetry's cost: -a ring -b 4K -e 64M --off telemetry\n"
       "  --csv FILE also write the table as CSV (rank 0)\n"
+      "  --link-stats FILE  after the sweep, write the link telemetry of every rank (the rows of\n"
+      "             comm.link_stats(), csrc/collectives/link_stats.h) and each rank's node as JSON\n"
+      "             (rank 0), for zcoll.core.diagnose (needs ZCOLL_TELEMETRY on, the default)\n"
       "  -h, --help this text\n\n"
       "Columns: size (bytes of the whole buffer, nccl-tests' S), count (elements), algbw = S/time,\n"
       "busbw = algbw x %s (GB = 1e9 bytes), #wrong, vs_mpi = mpi time / this time.\n"
@@ -179,6 +195,7 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
     else if (f == "-i") a.in_place = true;
     else if (f == "-t") a.max_seconds = std::stod(value());
     else if (f == "--csv") a.csv = value();
+    else if (f == "--link-stats") a.link_stats = value();
     else if (f == "--off") {
       const std::string feature = value();
       if (std::find(kToggles.begin(), kToggles.end(), feature) == kToggles.end())
@@ -190,6 +207,8 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
   if (a.factor <= 1.0) throw std::invalid_argument("-f must be > 1");
   if (a.iters < 1) throw std::invalid_argument("-n must be >= 1");
   if (a.min_bytes > a.max_bytes) throw std::invalid_argument("-b must not exceed -e");
+  if (kSimulated && a.check)
+    throw std::invalid_argument("-c 1 cannot check an SMPI simulation: its ranks share one buffer (use -c 0)");
   if (b.reduces) validate_op(a.dtype, a.op);
   const std::vector<std::string> z = split_list(variants);
   const bool with_none = std::find(z.begin(), z.end(), "none") != z.end();
@@ -219,14 +238,33 @@ bool parse_args(int argc, char** argv, const CollectiveBench& b, Args& a) {
 }
 
 struct AlignedBuffer {
-  explicit AlignedBuffer(std::size_t bytes) : ptr(std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64))) {
-    std::memset(ptr, 0, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));  // first touch now, not while timing
+  // `name` tells SMPI's shared malloc the buffers apart (it keys a shared block by call site).
+  AlignedBuffer(std::size_t bytes, const char* name) {
+    const std::size_t size = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+#if ZCOLL_WITH_SMPI
+    ptr = smpi_shared_malloc(size, name, 0);
+#else
+    static_cast<void>(name);
+    ptr = std::aligned_alloc(64, size);
+    std::memset(ptr, 0, size);  // first touch now, not while timing
+#endif
   }
-  ~AlignedBuffer() { std::free(ptr); }
+  ~AlignedBuffer() {
+#if ZCOLL_WITH_SMPI
+    smpi_shared_free(ptr);
+#else
+    std::free(ptr);
+#endif
+  }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   void* ptr;
 };
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+  if (kSimulated) return MPI_Wtime();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct Row {
   double time_us = 0;
@@ -287,6 +325,25 @@ Row check_once(MpiCommunicator& comm, const CollectiveBench& b, const Args& a, c
   return row;
 }
 
+// The link telemetry of the whole run, gathered (collective) and written by rank 0 as JSON:
+// {"nodes": [node of rank r], "rows": [[int64 ...] per rank]}.
+void write_link_stats(MpiCommunicator& comm, const std::string& path) {
+  const std::vector<std::int64_t> rows = gather_link_stats(comm, false);
+  if (comm.rank() != 0) return;
+  std::ofstream out(path);
+  const std::size_t len = link_stats_row_length(comm.size());
+  out << "{\"nodes\": [";
+  for (int r = 0; r < comm.size(); ++r) out << (r ? ", " : "") << comm.node_of(r);
+  out << "],\n \"rows\": [";
+  for (int r = 0; r < comm.size(); ++r) {
+    out << (r ? ",\n  [" : "[");
+    for (std::size_t k = 0; k < len; ++k) out << (k ? ", " : "") << rows[r * len + k];
+    out << "]";
+  }
+  out << "]}\n";
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t m = v.size();
@@ -310,8 +367,10 @@ std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, co
   if (a.check)
     for (std::size_t k = 0; k < n_algos; ++k)
       rows[k] = check_once(comm, b, a, algos[k], bufs[k], count, expected, out_bytes);
-  b.fill_input(exact_buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
-  if (!a.lossy.empty()) fill_gradient(lossy_in, b.in_count(count, p), a.dtype, rank);
+  if (!kSimulated) {
+    b.fill_input(exact_buf.in, b.in_count(count, p), a.dtype, a.op, rank, p, a.root);
+    if (!a.lossy.empty()) fill_gradient(lossy_in, b.in_count(count, p), a.dtype, rank);
+  }
   auto run_once = [&](std::size_t k) { run_row(comm, b, a, algos[k], bufs[k], count); };
   if (!a.check && a.z_columns)
     for (std::size_t k = 0; k < n_algos; ++k) rows[k].wire = wire_of_run(comm, [&] { run_once(k); });
@@ -383,8 +442,9 @@ int run(int argc, char** argv, const CollectiveBench& b) {
   }
   const std::size_t es = dtype_size(a.dtype);
   const std::size_t max_count = b.round_count(std::max<std::size_t>(a.max_bytes / es, 1), p);
-  AlignedBuffer in(b.in_count(max_count, p) * es), out(b.out_count(max_count, p) * es),
-      expected(b.out_count(max_count, p) * es), lossy_in(a.lossy.empty() ? 0 : b.in_count(max_count, p) * es);
+  AlignedBuffer in(b.in_count(max_count, p) * es, "zcoll-bench-in"), out(b.out_count(max_count, p) * es, "zcoll-bench-out"),
+      expected(b.out_count(max_count, p) * es, "zcoll-bench-expected"),
+      lossy_in(a.lossy.empty() ? 0 : b.in_count(max_count, p) * es, "zcoll-bench-lossy");
 
   std::FILE* csv = nullptr;
   if (rank == 0) {
@@ -451,6 +511,7 @@ int run(int argc, char** argv, const CollectiveBench& b) {
       std::printf("# Avg bus bandwidth %-18s: %.3f GB/s\n", algo.c_str(), busbw_sum[algo] / std::max(rows, 1));
     if (csv) std::fclose(csv);
   }
+  if (!a.link_stats.empty()) write_link_stats(comm, a.link_stats);
   comm.free();  // collective, before MPI_Finalize (the destructor never calls MPI)
   return total_wrong ? 1 : 0;
 }

@@ -1,7 +1,11 @@
 // The entry points of the reduction kernels (kernels/reduce.h): the table of `impl` does the work.
 #include "kernels/reduce.h"
 
+#include "config.h"
 #include "kernels/kernel_table.h"
+#if ZCOLL_WITH_SMPI
+#include <smpi/smpi.h>
+#endif
 
 namespace zcoll::kernels {
 
@@ -11,6 +15,14 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
             KernelImpl impl) {
   const KernelTable& k = kernel_table(impl);
   if (count == 0) return;
+#if ZCOLL_WITH_SMPI
+  // In a simulation the data is not real (every simulated rank shares one buffer, SMPI's shared
+  // malloc) and the host's speed is not the platform's: the reduction costs its bytes at the
+  // simulated host's speed, whose "flops" are bytes of one operand reduced per second
+  // (bench/smpi_platforms). Deterministic, and a 1,024-rank run does not reduce 1,024 buffers.
+  smpi_execute_flops(static_cast<double>(count * dtype_size(dtype)));
+  return;
+#endif
   const ReduceLanes l = reduce_lanes(dtype, op);
   k.reduce(out, a, b, count * l.lanes, l.dtype, l.op);
 }
