@@ -1,0 +1,510 @@
+"""zcoll's allreduce algorithms at 16 to 1,024 simulated ranks (SimGrid SMPI), beside SMPI's own
+MPI_Allreduce selectors; then auto's choice and the cost model against the simulated times.
+
+Needs the SMPI build of the benchmark (docs/scale.md; apt-get install libsimgrid-dev):
+
+    cmake -S . -B build/smpi -DZCOLL_SMPI=ON && cmake --build build/smpi -j 2 --target zcoll_allreduce_perf
+
+Steps:
+1. sweep (default): for every platform and scale, one `smpirun` of zcoll_allreduce_perf with
+   every algorithm (-a), then one per MPI selector (`--cfg=smpi/allreduce:NAME`, row `mpi:NAME`);
+   rows are appended to --csv as they finish, and a cell already there is not run again (so an
+   interrupted sweep resumes). Simulated time is the platform's, immune to the host's load.
+2. --report: from the CSV, bus bandwidth against size per scale (docs/scale-<ranks>.png), the
+   best algorithm per cell beside auto's choice (zcoll.choose_algorithm: the C++ rule table),
+   the cost formulas' error (the algorithm table's cost functions, alpha/beta/gamma of the
+   platform), hierarchical against ring, and the compressed kinds by their bytes.
+3. --diagnose: 16 ranks, one per node, on the star, star_slow_node and star_slow_link platforms:
+   the telemetry zcoll's own messages gathered in the simulation (comm.link_stats's rows, written
+   by zcoll_allreduce_perf --link-stats) judged by zcoll.core.diagnose.classify.
+4. --quick: one 64-rank cell on the star platform (the CI smoke test, tests/bench/test_smpi_scale.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import zcoll
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from zcoll.core import diagnose
+from zcoll.tools import perf_table
+from zcoll.tools.proc import run_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+PLATFORM_DIR = Path(__file__).resolve().parent / "smpi_platforms"
+ALGORITHMS = ["ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"]
+SELECTORS = ["mpich", "ompi", "default"]
+CLUSTERS = ["fattree", "fattree_2to1", "dragonfly"]
+STARS = ["star_slow_node", "star_slow_link"]
+FIELDS = ["platform", "ranks", "nodes", "size", "algorithm", "time_us", "busbw_gbs"]
+
+# The platforms' parameters (bench/smpi_platforms/*.xml and star_xml below): a link 12.5 GB/s and
+# 0.5 us, a node reducing 10 GB/s, shared memory within a node 20 GB/s and 0.3 us.
+LINK_BPS, LINK_LAT, REDUCE_BPS, LOOP_BPS, LOOP_LAT = 12.5e9, 0.5e-6, 10e9, 20e9, 0.3e-6
+HOPS = {"fattree": 4, "fattree_2to1": 4, "dragonfly": 5, "star": 2, "star_slow_node": 2, "star_slow_link": 2}
+NODES = 128
+SLOW = 4.0  # the slow node's links and speed, and the slow link, are this many times slower
+
+SMPI_CFG = [
+    "--cfg=smpi/simulate-computation:no",  # only the modelled reduction costs time (reduce.cc)
+    "--cfg=network/model:CM02",  # plain max-min sharing: no TCP factors, so the formulas compare
+    "--cfg=network/TCP-gamma:0",
+    "--cfg=network/crosstraffic:0",
+    "--cfg=smpi/test:1e-7",
+    "--log=root.thresh:critical",
+]
+SIM_ENV = {"ZCOLL_SHM": "0", "ZCOLL_FLIGHT_RECORDER": "0", "ZCOLL_TELEMETRY": "0", "ZCOLL_TIMEOUT": "0"}
+
+
+def star_xml(kind: str, nodes: int) -> str:
+    """A non-blocking switch, one node per port (full routing), optionally with node 1 slow (its
+    links and its speed SLOW x slower) or the directed path node 1 -> node 2 SLOW x slower (a
+    degraded route between two nodes; every other pair is healthy)."""
+    bw, slow_bw = f"{LINK_BPS:.6g}Bps", f"{LINK_BPS / SLOW:.6g}Bps"
+    out = [
+        '<?xml version="1.0"?>',
+        '<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">',
+        '<platform version="4.1">',
+        f'<zone id="{kind}" routing="Full">',
+    ]
+    for n in range(nodes):
+        slow = kind == "star_slow_node" and n == 1
+        out.append(f'<host id="node-{n}" speed="{REDUCE_BPS / (SLOW if slow else 1):.6g}f" core="8"/>')
+        for d in ("up", "down"):
+            out.append(
+                f'<link id="{d}-{n}" bandwidth="{slow_bw if slow else bw}" latency="{LINK_LAT * 1e6:g}us"/>'
+            )
+        out.append(
+            f'<link id="loop-{n}" bandwidth="{LOOP_BPS:.6g}Bps" latency="{LOOP_LAT * 1e6:g}us" '
+            'sharing_policy="FATPIPE"/>'
+        )
+    if kind == "star_slow_link":
+        out.append(f'<link id="slow-1-2" bandwidth="{slow_bw}" latency="0us"/>')
+    for i in range(nodes):
+        for j in range(nodes):
+            links = (
+                [f"loop-{i}"]
+                if i == j
+                else [f"up-{i}"]
+                + (["slow-1-2"] if (kind, i, j) == ("star_slow_link", 1, 2) else [])
+                + [f"down-{j}"]
+            )
+            ctn = "".join(f'<link_ctn id="{name}"/>' for name in links)
+            out.append(f'<route src="node-{i}" dst="node-{j}" symmetrical="NO">{ctn}</route>')
+    out += ["</zone>", "</platform>", ""]
+    return "\n".join(out)
+
+
+def platform_file(name: str, work: Path, nodes: int) -> Path:
+    if name in CLUSTERS:
+        return PLATFORM_DIR / f"{name}.xml"
+    path = work / f"{name}-{nodes}.xml"
+    if not path.exists():
+        path.write_text(star_xml(name, nodes))
+    return path
+
+
+def simulate(args, platform: str, ranks: int, per_node: int, bench_args: list, cfg: list, env: dict):
+    """One smpirun; returns the perf_table rows of its CSV (or raises with the output's tail)."""
+    nodes = ranks // per_node
+    work = Path(args.work)
+    hostfile = work / f"hosts-{nodes}x{per_node}"
+    hostfile.write_text("".join(f"node-{n}:{per_node}\n" for n in range(nodes)))
+    out_csv = work / f"{platform}-{ranks}-{time.time_ns()}.csv"
+    cmd = [
+        "nice",
+        "-n",
+        "10",
+        "smpirun",
+        "-no-privatize",
+        "-np",
+        str(ranks),
+        "-platform",
+        str(platform_file(platform, work, max(nodes, 2))),
+        "-hostfile",
+        str(hostfile),
+        *SMPI_CFG,
+        *cfg,
+        args.binary,
+        "-c",
+        "0",
+        "-n",
+        "1",
+        "-w",
+        str(args.warmup),
+        "-b",
+        args.min_size,
+        "-e",
+        args.max_size,
+        "-f",
+        "4",
+        "--csv",
+        str(out_csv),
+        *bench_args,
+    ]
+    start = time.time()
+    done, timed_out = run_tree(cmd, {**os.environ, **SIM_ENV, **env}, args.timeout)
+    wall = time.time() - start
+    if timed_out or done.returncode != 0 or not out_csv.exists():
+        tail = "\n".join(done.output.splitlines()[-15:])
+        why = f"over {args.timeout:.0f} s of wall time" if timed_out else f"exit {done.returncode}"
+        raise RuntimeError(f"{platform} x {ranks} ranks: {why}\n{' '.join(cmd)}\n{tail}")
+    rows = perf_table.read_csv(out_csv)
+    out_csv.unlink()
+    return rows, wall
+
+
+def done_cells(path: Path) -> set:
+    if not path.exists():
+        return set()
+    with path.open() as f:
+        return {(r["platform"], int(r["ranks"]), r["algorithm"]) for r in csv.DictReader(f)}
+
+
+def append(path: Path, platform: str, ranks: int, per_node: int, rows, rename=None) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(FIELDS)
+        for r in rows:
+            name = rename.get(r.algorithm, r.algorithm) if rename else r.algorithm
+            w.writerow(
+                [platform, ranks, ranks // per_node, r.size, name, f"{r.time_us:.3f}", f"{r.busbw_gbs:.4f}"]
+            )
+
+
+def sweep(args) -> None:
+    path = Path(args.csv)
+    for platform in args.platforms:
+        for ranks in args.scales:
+            have = done_cells(path)
+            jobs = [(None, [a for a in args.algorithms if (platform, ranks, a) not in have])]
+            jobs += [(s, ["mpi"]) for s in args.selectors if (platform, ranks, f"mpi:{s}") not in have]
+            for selector, algos in jobs:
+                if not algos:
+                    continue
+                cfg = [f"--cfg=smpi/allreduce:{selector or 'default'}"]
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {platform} {ranks} ranks: "
+                    f"{selector and 'MPI_Allreduce ' + selector or ','.join(algos)} ...",
+                    flush=True,
+                )
+                try:
+                    rows, wall = simulate(
+                        args, platform, ranks, args.per_node, ["-a", ",".join(algos)], cfg, {}
+                    )
+                except RuntimeError as e:
+                    print(f"  FAILED: {e}", flush=True)
+                    continue
+                keep = [r for r in rows if (r.algorithm != "mpi") == (selector is None)]
+                append(path, platform, ranks, args.per_node, keep, {"mpi": f"mpi:{selector}"})
+                print(f"  {len(keep)} rows in {wall:.0f} s of wall time", flush=True)
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict:
+    """{(platform, ranks): {algorithm: {size: time_us}}}"""
+    table: dict = {}
+    with path.open() as f:
+        for r in csv.DictReader(f):
+            cell = table.setdefault((r["platform"], int(r["ranks"])), {})
+            cell.setdefault(r["algorithm"], {})[int(r["size"])] = float(r["time_us"])
+    return table
+
+
+def busbw(size: int, ranks: int, time_us: float) -> float:
+    return size / (time_us * 1e-6) / 1e9 * 2 * (ranks - 1) / ranks
+
+
+def auto_choice(size: int, ranks: int, per_node: int) -> str:
+    """What algorithm="auto" picks on a real cluster of this shape (not oversubscribed, MPI's own
+    allreduce available, equal nodes of per_node ranks): the C++ rule table."""
+    return zcoll.choose_algorithm(
+        size,
+        ranks,
+        shared_memory=False,
+        oversubscribed=False,
+        node_hierarchy=per_node > 1 and ranks > per_node,
+    )
+
+
+def auto_time(cell: dict, choice: str, size: int):
+    """The simulated time of auto's choice: 'mpi' is MPI_Allreduce, run as MPICH's selector."""
+    name = "mpi:mpich" if choice == "mpi" else choice
+    return cell.get(name, {}).get(size)
+
+
+def model_us(algorithm: str, size: int, ranks: int, platform: str, per_node: int) -> float:
+    """The algorithm table's cost function with the platform's inter-node alpha, beta, gamma."""
+    fn = {d["name"]: d["cost"] for d in zcoll._C.allreduce_algorithms()}[algorithm]
+    alpha = HOPS[platform] * LINK_LAT
+    return 1e6 * fn(size, ranks, alpha, 1 / LINK_BPS, 1 / REDUCE_BPS, nodes=max(ranks // per_node, 1))
+
+
+def auto_rows(table: dict, per_node: int) -> list:
+    """One row per cell: best algorithm, auto's choice, auto's time over the best."""
+    out = []
+    for (platform, ranks), cell in sorted(table.items()):
+        zc = {a: t for a, t in cell.items() if not a.startswith("mpi:")}
+        for size in sorted(next(iter(cell.values()))):
+            times = {a: t[size] for a, t in zc.items() if size in t}
+            if not times:
+                continue
+            best = min(times, key=times.get)
+            choice = auto_choice(size, ranks, per_node)
+            t = auto_time(cell, choice, size)
+            ratio = t / times[best] if t else float("nan")
+            mpis = {a: cell[a][size] for a in cell if a.startswith("mpi:") and size in cell[a]}
+            best_mpi = min(mpis.values()) if mpis else float("nan")
+            out.append((platform, ranks, size, best, times[best], choice, ratio, best_mpi / times[best]))
+    return out
+
+
+def model_rows(table: dict, per_node: int) -> list:
+    """Per platform, scale and algorithm: the median and the largest |model - simulated| /
+    simulated over the sizes, and the model's ratio at the largest size."""
+    out = []
+    for (platform, ranks), cell in sorted(table.items()):
+        for algo in ALGORITHMS:
+            if algo not in cell or algo == "ordered_ring":
+                continue
+            errs = [
+                (model_us(algo, s, ranks, platform, per_node) - t) / t for s, t in sorted(cell[algo].items())
+            ]
+            if errs:
+                out.append(
+                    (platform, ranks, algo, float(np.median(np.abs(errs))), max(errs, key=abs), errs[-1])
+                )
+    return out
+
+
+def compressed_us(cell: dict, size: int, wire_ratio: float):
+    """A compressed ring by its bytes: the uncompressed ring's simulated time at size / ratio,
+    interpolated log-log between the simulated sizes (encode and decode not counted)."""
+    ring = sorted(cell.get("ring", {}).items())
+    target = size / wire_ratio
+    for (s0, t0), (s1, t1) in zip(ring, ring[1:]):
+        if s0 <= target <= s1:
+            w = math.log(target / s0) / math.log(s1 / s0)
+            return math.exp((1 - w) * math.log(t0) + w * math.log(t1))
+    return None
+
+
+COMPRESSED = {"fp16": 2.0, "int8": 4 / (1 + 4 / 256), "int4": 8 / (1 + 8 / 256)}
+
+
+def plot(table: dict, out_dir: Path) -> list:
+    written = []
+    for ranks in sorted({r for _, r in table}):
+        platforms = [p for p in [*CLUSTERS, *STARS] if (p, ranks) in table]
+        fig, axes = plt.subplots(1, len(platforms), figsize=(4.2 * len(platforms), 3.8), squeeze=False)
+        for ax, platform in zip(axes[0], platforms):
+            cell = table[(platform, ranks)]
+            for algo, series in sorted(cell.items()):
+                sizes = sorted(series)
+                style = "--" if algo.startswith("mpi:") else "-"
+                ax.plot(sizes, [busbw(s, ranks, series[s]) for s in sizes], style, marker=".", label=algo)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{platform}, {ranks} ranks", fontsize=9)
+            ax.set_xlabel("bytes per rank")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("bus bandwidth (GB/s)")
+        axes[0][-1].legend(fontsize=6)
+        fig.tight_layout()
+        path = out_dir / f"scale-{ranks}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def fmt_size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def report(args) -> None:
+    table = load(Path(args.csv))
+    for path in plot(table, Path(args.plots)):
+        print(f"wrote {path}")
+    print("\n### auto against the best simulated algorithm\n")
+    print("| platform | ranks | size | best | best us | auto | auto / best | best MPI / best zcoll |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = auto_rows(table, args.per_node)
+    for platform, ranks, size, best, t, choice, ratio, mpi in rows:
+        flag = " **" if ratio > 1.1 else ""
+        print(
+            f"| {platform} | {ranks} | {fmt_size(size)} | {best} | {t:.1f} | {choice} | {ratio:.2f}{flag} | {mpi:.2f} |"
+        )
+    ok = [r for r in rows if r[6] <= 1.1]
+    print(f"\nauto within 10% of the best in {len(ok)} of {len(rows)} cells")
+    print("\n### cost formulas against simulated time: (model - simulated) / simulated\n")
+    print("| platform | ranks | algorithm | median abs error | worst error | error at largest size |")
+    print("|---|---|---|---|---|---|")
+    for platform, ranks, algo, med, worst, last in model_rows(table, args.per_node):
+        print(f"| {platform} | {ranks} | {algo} | {med:.0%} | {worst:+.0%} | {last:+.0%} |")
+    print("\n### hierarchical / ring time, and compressed rings by their bytes (speed-up over ring)\n")
+    print("| platform | ranks | size | hierarchical / ring | fp16 | int8 | int4 |")
+    print("|---|---|---|---|---|---|---|")
+    for (platform, ranks), cell in sorted(table.items()):
+        for size in sorted(cell.get("ring", {})):
+            if size < 1 << 20 or "hierarchical" not in cell or size not in cell["hierarchical"]:
+                continue
+            ring = cell["ring"][size]
+            comp = [compressed_us(cell, size, r) for r in COMPRESSED.values()]
+            cols = " | ".join(f"{ring / c:.2f}x" if c else "-" for c in comp)
+            print(
+                f"| {platform} | {ranks} | {fmt_size(size)} | {cell['hierarchical'][size] / ring:.2f} | {cols} |"
+            )
+
+
+# ---- diagnose and quick -------------------------------------------------------------------------
+
+
+def diagnose_one(args, platform: str, ranks: int) -> diagnose.Verdict:
+    """zcoll's link telemetry gathered inside the simulation (one rank per node; ring,
+    halving-doubling and recursive doubling, 1-16 MiB), judged by the classifier comm.diagnose()
+    uses (one window, no hysteresis)."""
+    path = Path(args.work) / f"linkstats-{platform}.json"
+    saved = (args.min_size, args.max_size)
+    args.min_size, args.max_size = "1M", "16M"
+    try:
+        simulate(
+            args,
+            platform,
+            ranks,
+            1,
+            ["-a", "ring,halving_doubling,recursive_doubling", "--link-stats", str(path)],
+            [],
+            {"ZCOLL_TELEMETRY": "1"},
+        )
+    finally:
+        args.min_size, args.max_size = saved
+    data = json.loads(path.read_text())
+    return diagnose.classify(diagnose.from_rows(np.array(data["rows"])), data["nodes"])
+
+
+def run_diagnose(args) -> int:
+    expected = {"star": "healthy", "star_slow_node": "slow node 1", "star_slow_link": "slow link 1->2"}
+    failures = 0
+    for platform, want in expected.items():
+        verdict = diagnose_one(args, platform, 16)
+        got = verdict.label
+        if verdict.label == "slow node":
+            got += f" {verdict.node}"
+        if verdict.label == "slow link":
+            got += f" {verdict.link[0]}->{verdict.link[1]}"
+        failures += got != want
+        print(f"{platform}: {got} (expected {want}): {verdict.evidence}", flush=True)
+    return 1 if failures else 0
+
+
+def run_quick(args) -> int:
+    """One 64-rank cell (8 nodes x 8) on the healthy star: every algorithm runs in the simulation
+    and the large sizes reach the link: ring's busbw within 60-100% of one link's bandwidth."""
+    args.min_size, args.max_size = "64K", "4M"
+    rows, wall = simulate(args, "star", 64, 8, ["-a", ",".join(ALGORITHMS)], [], {})
+    for r in rows:
+        print(f"{r.algorithm:>20} {r.size:>9} {r.time_us:12.1f} us {r.busbw_gbs:8.3f} GB/s", flush=True)
+    ring = max((r for r in rows if r.algorithm == "ring"), key=lambda r: r.size)
+    share = ring.busbw_gbs * 1e9 / LINK_BPS
+    print(
+        f"64 ranks simulated in {wall:.1f} s of wall time; ring at {ring.size} bytes: {share:.0%} of the link"
+    )
+    missing = set(ALGORITHMS) - {r.algorithm for r in rows}
+    if missing or not 0.6 <= share <= 1.0:
+        print(
+            f"FAILED: missing {sorted(missing)}" if missing else "FAILED: ring's busbw is off the link rate"
+        )
+        return 1
+    return 0
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--binary",
+        default=str(ROOT / "build/smpi/zcoll_allreduce_perf"),
+        help="the SMPI build of zcoll_allreduce_perf (default build/smpi/)",
+    )
+    p.add_argument(
+        "--platforms",
+        default=",".join(CLUSTERS + STARS),
+        help=f"comma-separated, of {', '.join(CLUSTERS + STARS)} (default all)",
+    )
+    p.add_argument("--scales", default="16,64,256,1024", help="rank counts (default 16,64,256,1024)")
+    p.add_argument("--per-node", type=int, default=8, help="ranks per node (default 8)")
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS), help="zcoll algorithms (default all)")
+    p.add_argument("--selectors", default=",".join(SELECTORS), help="SMPI MPI_Allreduce selectors")
+    p.add_argument("--min-size", default="4K", help="smallest size (default 4K; sizes step x4)")
+    p.add_argument("--max-size", default="256M", help="largest size (default 256M)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed calls per row (default 0: a simulation has no caches to warm)",
+    )
+    p.add_argument("--timeout", type=float, default=1800, help="wall seconds per smpirun (default 1800)")
+    p.add_argument(
+        "--csv", default=str(ROOT / "docs/scale.csv"), help="results (appended; default docs/scale.csv)"
+    )
+    p.add_argument("--plots", default=str(ROOT / "docs"), help="where --report writes scale-<ranks>.png")
+    p.add_argument("--work", default=None, help="scratch directory (default a temporary one)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--report", action="store_true", help="plots and tables from --csv (no simulation)")
+    mode.add_argument("--diagnose", action="store_true", help="the slow node / slow link detection runs")
+    mode.add_argument("--quick", action="store_true", help="one 64-rank cell: the CI smoke test")
+    args = p.parse_args(argv)
+    args.platforms = args.platforms.split(",")
+    args.scales = [int(s) for s in args.scales.split(",")]
+    args.algorithms = args.algorithms.split(",")
+    args.selectors = [s for s in args.selectors.split(",") if s]
+    unknown = set(args.platforms) - set(CLUSTERS + STARS + ["star"])
+    if unknown:
+        p.error(f"unknown platform(s) {sorted(unknown)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        report(args)
+        return 0
+    if not shutil.which("smpirun"):
+        print("smpirun not found: apt-get install libsimgrid-dev (SimGrid's SMPI)", file=sys.stderr)
+        return 2
+    if not Path(args.binary).exists():
+        print(
+            f"{args.binary} not found: cmake -S . -B build/smpi -DZCOLL_SMPI=ON && "
+            "cmake --build build/smpi -j 2 --target zcoll_allreduce_perf",
+            file=sys.stderr,
+        )
+        return 2
+    with tempfile.TemporaryDirectory(prefix="zcoll-smpi-") as tmp:
+        args.work = args.work or tmp
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        if args.quick:
+            return run_quick(args)
+        if args.diagnose:
+            return run_diagnose(args)
+        sweep(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""bench/smpi_scale.py as a program: --help, and the CI smoke test of the SimGrid SMPI build, one
+64-rank simulation (8 nodes x 8 ranks on a non-blocking switch) of every allreduce algorithm
+(--quick), which fails when an algorithm is missing or the ring's bus bandwidth at 4 MiB is not
+60-100% of the simulated link. The SMPI build (build/smpi, only zcoll_allreduce_perf) is made
+here when missing; docs/scale.md has the full sweep."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from mpi_util import run
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "smpi_scale.py"
+BUILD = ROOT / "build" / "smpi"
+
+
+def test_help():
+    rc, out = run([sys.executable, SCRIPT, "--help"], timeout=60)
+    assert rc == 0, out
+    for flag in ("--quick", "--diagnose", "--report", "--scales", "--platforms", "--selectors"):
+        assert flag in out, f"{flag} missing from --help:\n{out}"
+
+
+@pytest.fixture(scope="module")
+def smpi_binary() -> Path:
+    if shutil.which("smpirun") is None:
+        pytest.skip("SimGrid's SMPI is not installed: apt-get install libsimgrid-dev (.ci/run installs it)")
+    rc, out = run(["cmake", "-S", ROOT, "-B", BUILD, "-DZCOLL_SMPI=ON"], timeout=300)
+    assert rc == 0, out
+    rc, out = run(["cmake", "--build", BUILD, "-j", "2", "--target", "zcoll_allreduce_perf"], timeout=1200)
+    assert rc == 0, out[-4000:]
+    return BUILD / "zcoll_allreduce_perf"
+
+
+def test_quick_simulation_of_64_ranks(smpi_binary):
+    rc, out = run([sys.executable, SCRIPT, "--quick", "--binary", smpi_binary], timeout=600)
+    assert rc == 0, out
+    assert "64 ranks simulated" in out, out
+    for algorithm in ("ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"):
+        assert algorithm in out, out
