@@ -3,7 +3,7 @@ stopped (SIGSTOP) at random times, in the middle of checkpoint writes and in the
 recoveries. It must finish, with final parameters bit-identical to a fault-free run's, and no
 committed checkpoint may ever be corrupt.
 
-    python tests/chaos_run.py                               # 24 faults on 2 ranks (about 6 min)
+    python tests/chaos_run.py                               # 24 faults on 2 ranks (about 10 min, loaded)
     python tests/chaos_run.py --faults 40 --ranks 3 --seed 7
     python tests/chaos_run.py --plan kill:random,stop:checkpoint,kill:recovery --steps 150   # CI's
 
