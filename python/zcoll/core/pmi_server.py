@@ -110,6 +110,7 @@ class PmiServer:
         self.error: str | None = None  # the first failure, as reported to MPI
         self.aborted: str | None = None  # what an abort request said
         self._epoch = 0
+        self._acked_finalize = False
         self._ours, self._theirs = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name="zcoll-pmi", daemon=True)
         self._thread.start()
@@ -117,6 +118,12 @@ class PmiServer:
     def environ(self) -> dict[str, str]:
         """What MPICH's PMI_Init reads from the environment."""
         return {"PMI_FD": str(self._theirs.fileno()), "PMI_RANK": str(self.rank), "PMI_SIZE": str(self.size)}
+
+    def answer_finalize_in_advance(self) -> None:
+        """After MPI_Finalize: MPICH sends PMI's finalize from its C exit hook, when Python
+        threads no longer run, and waits for the reply; the reply is put on the socket now."""
+        self._acked_finalize = True
+        self._ours.sendall(b"cmd=finalize_ack rc=0\n")
 
     def close(self) -> None:
         """Closes both ends (after MPI_Finalize: MPICH keeps its end until then)."""
@@ -159,6 +166,8 @@ class PmiServer:
             "get_universe_size": f"cmd=universe_size rc=0 size={self.size}",
             "finalize": "cmd=finalize_ack rc=0",
         }
+        if cmd == "finalize" and self._acked_finalize:
+            return None  # answered in advance (answer_finalize_in_advance)
         if cmd in local:
             return local[cmd] + extra
         if cmd == "abort":

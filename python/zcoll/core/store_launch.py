@@ -12,7 +12,8 @@ MASTER_ADDR / RANK / WORLD_SIZE): MPI_Init learns the job from the launcher's st
    imported afterwards, finds MPI initialised and uses it (its error handlers included).
 3. ``finalize()`` (the torch layer registers it at exit, after its process groups are shut down):
    frees zcoll's communicators, then ``MPI_Finalize`` through ctypes (MPICH may hold a PMI
-   barrier there), then closes the server. Only when ``join()`` initialised MPI.
+   barrier there). PMI's finalize, which MPICH sends from its C exit hook when Python threads
+   no longer run, is answered in advance. Only when ``join()`` initialised MPI.
 
 Nodes: ranks with equal ``node`` labels share a node (PMI_process_mapping), so MPICH's shared
 memory, ``MPI_Comm_split_type(SHARED)`` and zcoll's shm and hierarchical algorithms see the
@@ -35,6 +36,7 @@ from .pmi_server import PmiError, PmiServer
 MPI_THREAD_MULTIPLE = 3  # MPICH's and Open MPI's value (mpi.h)
 
 _server: PmiServer | None = None  # set when join() initialised MPI
+_keep: list = []  # servers after MPI_Finalize, answering until the process ends
 
 
 @functools.cache
@@ -158,4 +160,5 @@ def finalize() -> None:
     lib.MPI_Finalized(ctypes.byref(finalized))
     if not finalized.value:
         lib.MPI_Finalize()
-    server.close()
+    server.answer_finalize_in_advance()
+    _keep.append(server)  # its sockets stay open until the process ends
