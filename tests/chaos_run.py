@@ -5,7 +5,7 @@ committed checkpoint may ever be corrupt.
 
     python tests/chaos_run.py                               # 24 faults on 2 ranks (about 10 min, loaded)
     python tests/chaos_run.py --faults 40 --ranks 3 --seed 7
-    python tests/chaos_run.py --plan kill:random,stop:checkpoint,kill:recovery --steps 150   # CI's
+    python tests/chaos_run.py --plan stop:checkpoint,kill:recovery --steps 150   # the CI test's
 
 1. Reference: the program (tests/mpi/chaos_train.py: an MLP under DDP on the zcoll backend,
    deterministic data, a checkpoint every --checkpoint-every steps) runs once under `zcoll run`

@@ -1,6 +1,6 @@
-"""`zcoll run` under faults (tests/chaos_run.py, docs/chaos.md): the CI-sized run, three faults (a
-kill at a random moment, a stop in the middle of a checkpoint save, a kill in the middle of the
-recovery that follows), must finish with the fault-free run's exact parameters and no corrupt
+"""`zcoll run` under faults (tests/chaos_run.py, docs/chaos.md): the CI-sized run, two faults (a stop
+in the middle of a checkpoint save, a kill in the middle of the recovery that follows; each launch's
+start-up is most of the test's time), must finish with the fault-free run's exact parameters and no corrupt
 checkpoint. The stopped saver is the case that hung when the ranks agreed on a checkpoint through
 MPI's own gather (no deadline): the others now raise at the process group's timeout. The full
 run (24 faults and more):
@@ -16,7 +16,7 @@ import sys
 from mpi_util import TESTS_DIR, run
 
 CHAOS = TESTS_DIR / "chaos_run.py"
-PLAN = "kill:random,stop:checkpoint,kill:recovery"
+PLAN = "stop:checkpoint,kill:recovery"
 
 
 def test_help():
@@ -31,7 +31,7 @@ def test_plan_refuses_a_recovery_first():
     assert rc != 0 and "nothing to recover from" in out, out
 
 
-def test_three_faults_finish_bit_identically(tmp_path):
+def test_two_faults_finish_bit_identically(tmp_path):
     rc, out = run(
         [sys.executable, CHAOS, "--plan", PLAN, "--steps", "150", "--checkpoint-every", "10", "--timeout", "1.5",
          "--spread", "0.5", "--out", tmp_path],
@@ -40,11 +40,12 @@ def test_three_faults_finish_bit_identically(tmp_path):
     print(out[-3000:])
     results = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0 and not results["problems"], out[-6000:]
-    assert results["faults"] == 3 and results["restarts"] == 3, results
+    assert results["faults"] == 2 and results["restarts"] == 2, results
     assert results["identical"] and results["digest"] == results["reference_digest"], results
-    assert results["corrupt"] == 0 and results["scans"] >= 4, results
+    assert results["corrupt"] == 0 and results["scans"] >= 3, results
     faults = results["fault_list"]
     assert [(f["signal"], f["when"]) for f in faults] == [tuple(p.split(":")) for p in PLAN.split(",")]
-    assert faults[1]["phase"] == "checkpoint", faults[1]  # the stop landed inside a save
-    # each recovery got back to its step, but the second's, which the third fault cut short
-    assert faults[0]["back"] and faults[2]["back"] and (faults[1]["back"] or faults[1]["cut"]), faults
+    assert faults[0]["phase"] == "checkpoint", faults[0]  # the stop landed inside a save
+    assert faults[1]["phase"] in ("start", "load", "replay"), faults[1]  # the kill inside its recovery
+    # the second recovery got back to the step; the first was cut short by the second fault
+    assert faults[1]["back"] and (faults[0]["back"] or faults[0]["cut"]), faults
