@@ -5,21 +5,25 @@
 //
 // 1. Every rank on one node: `shm` at every size (measured fastest from 4 KiB to 64 MiB on 2
 //    and 4 ranks, oversubscribed included).
-// 2. Otherwise, up to 64 KiB, MPI's own allreduce when it is not oversubscribed: MPICH runs
+// 2. On several nodes with the same number (> 1) of ranks each, up to 8 KiB: recursive doubling
+//    (fewest steps). MPI's shared-memory advantage (rule 3) is a one-node one: simulated at 16
+//    and 64 ranks on fat trees (docs/scale.md), MPICH's algorithms took 3.4x and 8.6x zcoll's
+//    recursive doubling at 4 KiB.
+// 3. Otherwise, up to 64 KiB, MPI's own allreduce when it is not oversubscribed: MPICH runs
 //    small allreduces on shared-memory collectives that beat any algorithm built on
 //    point-to-point messages (one MPI_Sendrecv of 4 KiB costs more than its whole 4 KiB
 //    allreduce here); with ranks outnumbering cores those collectives busy-spin and take
 //    seconds per call, so not then.
-// 3. Recursive doubling up to 32 KiB (fewest steps).
-// 4. Ranks on several nodes with the same number (> 1) on each: `hierarchical`. Only the
+// 4. Recursive doubling up to 32 KiB (fewest steps).
+// 5. Ranks on several nodes with the same number (> 1) on each: `hierarchical`. Only the
 //    inter-node stage crosses nodes, carrying 2(N-1)/N S per node link against 2(p-1)/p S for a
 //    ring (1.5x less for 2 nodes x 2 ranks; docs/algorithms.md), in no more steps than the ring.
 //    Not on nodes of different sizes: their extra ranks' fold is serial and one node of many
 //    extras can cost more than the link saves (algorithm='hierarchical' still runs there).
-// 5. A known topology (ZCOLL_TOPOLOGY, set_topology) whose best ring order has a slowest hop at
+// 6. A known topology (ZCOLL_TOPOLOGY, set_topology) whose best ring order has a slowest hop at
 //    least kOrderedRingGain times faster than rank order's: `ordered_ring` (a ring's time is its
 //    slowest hop's; below that gain, measurement noise may be all the difference).
-// 6. The ring.
+// 7. The ring.
 // A rule applies only where the communicator offers what its algorithm needs: those needs are
 // the algorithm's descriptor's (algorithm_table.h: shm needs shared memory, mpi a native
 // allreduce, which auto counts only when not oversubscribed, ordered_ring measured links); the
@@ -47,6 +51,7 @@ constexpr double kOrderedRingGain = 1.25;
 
 constexpr Rule kRules[] = {
     {kAnyRanks, kAny, false, 0.0, Algorithm::kShm},
+    {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kRecursiveDoubling},
     {kAnyRanks, 64 * 1024, false, 0.0, Algorithm::kMpi},
     {kAnyRanks, 32 * 1024, false, 0.0, Algorithm::kRecursiveDoubling},
     {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical},

@@ -94,7 +94,8 @@ def test_module_helpers():
     # order whose slowest hop is >= 1.25x rank order's: ordered_ring; shm still first on one node
     big = 1 << 20
     assert zcoll.choose_algorithm(big, 4, shared_memory=False, node_hierarchy=True) == "hierarchical"
-    assert zcoll.choose_algorithm(4096, 4, shared_memory=False, node_hierarchy=True) == "mpi"
+    assert zcoll.choose_algorithm(4096, 4, shared_memory=False, node_hierarchy=True) == "recursive_doubling"
+    assert zcoll.choose_algorithm(16384, 4, shared_memory=False, node_hierarchy=True) == "mpi"
     assert zcoll.choose_algorithm(big, 4, shared_memory=False, ordered_ring_gain=4.0) == "ordered_ring"
     assert zcoll.choose_algorithm(big, 4, shared_memory=False, ordered_ring_gain=1.2) == "ring"
     assert zcoll.choose_algorithm(big, 4, shared_memory=False, node_hierarchy=True, ordered_ring_gain=4.0) == "hierarchical"
