@@ -38,7 +38,8 @@ BIN = Path(sys.executable).parent
 
 def env(**extra: str) -> dict:
     e = {k: v for k, v in os.environ.items() if not k.startswith("ZCOLL_")}
-    e.update(PATH=f"{BIN}{os.pathsep}{e.get('PATH', '')}", PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1")
+    e.update(PATH=f"{BIN}{os.pathsep}{e.get('PATH', '')}", OMP_NUM_THREADS="1")
+    e["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [e.get("PYTHONPATH")])])
     e.update(extra)
     return e
 
