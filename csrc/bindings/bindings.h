@@ -5,11 +5,19 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "collectives/options.h"
 #include "comm/mpi_communicator.h"
 
 namespace zcoll::bindings {
+
+// What Communicator.shrink() found: rank r of the new communicator was rank kept[r] of the old.
+struct ShrinkReport {
+  std::vector<int> kept, lost;
+  int parent_size = 0;
+  double seconds = 0.0;  // revoke, shrink and agreement on this rank
+};
 
 // zcoll._C.Comm, the base class of zcoll.Communicator (python/zcoll/communicator.py): owns the
 // MpiCommunicator and the options every call passes down. Its collective methods take the
@@ -17,6 +25,8 @@ namespace zcoll::bindings {
 class CommHandle {
  public:
   CommHandle(long long fortran_handle, bool check);
+  // The survivors' communicator of a shrink, with the parent's options (bind_shrink.cc).
+  CommHandle(std::unique_ptr<MpiCommunicator> comm, const CommHandle& parent);
   // Warns (ResourceWarning) when the communicator was never freed; frees nothing (collective
   // calls from garbage collection would run in a different order on every rank).
   ~CommHandle();
@@ -34,6 +44,7 @@ class CommHandle {
 
   PipelineOptions pipeline;  // Python: segment_bytes, pipeline_depth (0: the defaults)
   bool check = false;        // exchange a header before each collective (MismatchError)
+  ShrinkReport shrunk_from;  // what the shrink that made this communicator found (parent_size 0: none)
 
  private:
   std::unique_ptr<MpiCommunicator> comm_;
@@ -71,4 +82,5 @@ void bind_kernels(pybind11::module_& m);
 void bind_compression(pybind11::module_& m);
 void bind_compressed(pybind11::module_& m);
 void bind_env(pybind11::module_& m);
+void bind_shrink(pybind11::module_& m, pybind11::class_<CommHandle>& comm);
 }  // namespace zcoll::bindings

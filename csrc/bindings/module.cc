@@ -18,4 +18,5 @@ PYBIND11_MODULE(_C, m) {
   zcoll::bindings::bind_compression(m);
   zcoll::bindings::bind_compressed(m);
   zcoll::bindings::bind_env(m);
+  zcoll::bindings::bind_shrink(m, comm);
 }

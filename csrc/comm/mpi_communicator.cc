@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/backoff.h"
+#include "comm/fault_tolerance.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "config.h"
@@ -541,7 +542,10 @@ bool MpiTransport::next_announcement(PeerStatus& status) {
   if (oob_ == MPI_COMM_NULL) return false;
   int flag = 0;
   MPI_Status st;
-  ZCOLL_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &flag, &st));
+  int rc = MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &flag, &st);
+  if (rc != MPI_SUCCESS && acknowledge_failures(oob_, rc))  // a failed rank, under ULFM
+    rc = MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &flag, &st);
+  ZCOLL_MPI_CHECK(rc);
   if (!flag) return false;
   int bytes = 0;
   MPI_Get_count(&st, MPI_BYTE, &bytes);

