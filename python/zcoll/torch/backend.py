@@ -54,7 +54,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..core.communicator import Communicator, leave_on_uncaught
 from . import _checks as chk
-from . import _launch
+from . import _launch, _shrink
 from ._work import OrderedExecutor, ZcollWork
 from .pg_collectives import CollectiveOps
 from .pg_messages import MessageOps
@@ -64,7 +64,7 @@ BACKEND = "zcoll"
 _live: "weakref.WeakSet[ProcessGroupZcoll]" = weakref.WeakSet()
 
 
-class ProcessGroupZcoll(CollectiveOps, MessageOps, dist.ProcessGroup):
+class ProcessGroupZcoll(CollectiveOps, MessageOps, _shrink.ShrinkOps, dist.ProcessGroup):
     """torch.distributed process group over zcoll; created by torch (see the module docstring)."""
 
     def __init__(self, comm: Any, rank: int, size: int, name: str = "0", timeout: Optional[float] = None):
@@ -204,6 +204,7 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     if not getattr(c10d.monitored_barrier, "_zcoll", False):
         dist.monitored_barrier = c10d.monitored_barrier = _monitored_barrier_for(c10d.monitored_barrier)
+    _shrink.install()  # torch.distributed.shrink_group on zcoll groups
 
 
 def _monitored_barrier_for(torchs: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,106 @@
+"""``torch.distributed.shrink_group`` on zcoll groups (torch 2.13).
+
+torch's ``shrink_group(ranks_to_exclude, group)`` validates its arguments with its own messages
+(not a list, empty, out of range, duplicates, every rank excluded: ValueError / TypeError; called
+on an excluded rank: RuntimeError), asks the group's backend for ``supports_shrinking`` and for a
+backend of the remaining ranks (``shrink``), destroys the old group and registers a new
+ProcessGroup around that backend (the new default group when the default was shrunk). A zcoll
+group *is* its process group (a Python ``ProcessGroup``, not a C++ ``Backend`` torch could wrap),
+so two private steps of torch's are routed for zcoll groups only, as backend.py routes
+``monitored_barrier``: finding the backend returns the group itself, and wrapping the result
+returns the new zcoll group itself. Every other group goes through torch's functions unchanged.
+
+The new group's communicator: ``MPI_Comm_create_group`` over the old group's ranks minus the
+excluded ones, which is collective over exactly the ranks that call shrink_group (the excluded
+ranks never do), so it works whether those ranks are dead (with Open MPI under ``mpirun --with-ft
+ulfm``, which keeps the survivors of a lost rank running; MPICH's launcher may end them) or alive
+and merely left out. The old group is retired: its calls raise BrokenError and destroying it
+frees nothing through MPI (its peers may be gone). ``SHRINK_ABORT`` first aborts the old group's
+running collective (zcoll.TimeoutError on every rank still in it). docs/recovery.md.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable
+
+from torch.distributed import distributed_c10d as c10d
+
+
+class ShrinkOps:
+    """The shrink half of ProcessGroupZcoll (a mixin: backend.py)."""
+
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> Any:
+        """A new ProcessGroupZcoll of this group's ranks but `ranks_to_exclude` (group ranks),
+        collective over those remaining ranks; what torch's shrink_group calls."""
+        from mpi4py import MPI
+
+        excluded = sorted({int(r) for r in ranks_to_exclude})
+        if not excluded or excluded[0] < 0 or excluded[-1] >= self.size() or len(excluded) >= self.size():
+            raise ValueError(
+                f"zcoll shrink: ranks_to_exclude must name 1..{self.size() - 1} distinct ranks of this group "
+                f"(0..{self.size() - 1}), got {list(ranks_to_exclude)}"
+            )
+        if self.rank() in excluded:
+            raise RuntimeError(
+                f"zcoll shrink: rank {self.rank()} is excluded and must not take part in the shrink"
+            )
+        if shrink_flags & getattr(c10d, "SHRINK_ABORT", 1):
+            self._comm.abort("torch.distributed.shrink_group(shrink_flags=SHRINK_ABORT)")
+        keep = [r for r in range(self.size()) if r not in set(excluded)]
+        name = f"{self.getGroupName()}:shrunk"
+        everyone = self._base.Get_group()
+        group = everyone.Incl(keep)
+        try:
+            comm = self._base.Create_group(group, tag=zlib.crc32(name.encode()) % 32768)
+        finally:
+            group.Free()
+            everyone.Free()
+        if comm == MPI.COMM_NULL:  # pragma: no cover - every caller is in `keep`
+            raise RuntimeError(f"zcoll shrink: rank {self.rank()} is not among the remaining ranks {keep}")
+        timeout = getattr(opts_override, "_timeout", None)
+        seconds = timeout.total_seconds() if timeout is not None else self._comm.timeout
+        new = type(self)(comm, comm.rank, comm.size, name, seconds)
+        self._retire(f"it was shrunk to its ranks {keep} (torch.distributed.shrink_group)")
+        return new
+
+    def _retire(self, why: str) -> None:
+        """Broken from now on, and nothing of it freed through MPI (its peers may be gone)."""
+        self._comm._retire(why)
+        self._comm.free()  # releases nothing through MPI once retired; shutdown() then frees nothing
+
+
+def install() -> None:
+    """Routes torch's shrink_group through zcoll groups (see the module docstring). Idempotent;
+    nothing where torch has no shrink_group."""
+    validate = getattr(c10d, "_validate_shrink_backend_requirements", None)
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if validate is None or create is None or getattr(validate, "_zcoll", False):
+        return
+    c10d._validate_shrink_backend_requirements = _backend_of(validate)
+    c10d._create_shrunk_process_group = _group_of(create)
+
+
+def _backend_of(torchs: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    def validate(group_info: dict) -> Any:
+        pg = group_info["process_group"]
+        return pg if isinstance(pg, ShrinkOps) else torchs(group_info)
+
+    validate._zcoll = True
+    return validate
+
+
+def _group_of(torchs: Callable[..., Any]) -> Callable[..., Any]:
+    def create(new_backend: Any, remaining_ranks: list[int], metadata: dict, is_default_group: bool) -> Any:
+        if not isinstance(new_backend, ShrinkOps):
+            return torchs(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend.setGroupName(metadata["new_group_name"])
+        new_backend.setGroupDesc(
+            "default:shrunken" if is_default_group else f"{metadata['original_group_name']}:shrunk"
+        )
+        return new_backend
+
+    create._zcoll = True
+    return create
