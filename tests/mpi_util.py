@@ -82,7 +82,14 @@ def run(cmd: list, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT,
     return finished
 
 
+# Open MPI's launcher (./dev.sh test --engine openmpi): its rank tags instead of hydra's
+# -prepend-rank (zcoll.tools.perf_table.split_ranks reads both), and more ranks than cores.
+OPEN_MPI = (BIN_DIR / "ompi_info").exists()
+
+
 def mpirun_argv(nprocs: int, *argv) -> list:
+    if OPEN_MPI:
+        return [BIN_DIR / "mpirun", "--oversubscribe", "--output", "tag", "-n", nprocs, *argv]
     return [BIN_DIR / "mpirun", "-n", nprocs, "-prepend-rank", *argv]
 
 

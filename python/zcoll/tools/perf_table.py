@@ -33,7 +33,9 @@ FIELDS = (
 _TITLE = re.compile(r"^# zcoll_(\w+)_perf: (\d+) ranks")
 _OUT_OF_BOUNDS = re.compile(r"^# Out of bounds values : (\d+) (OK|FAILED)$")
 _AVG_BUSBW = re.compile(r"^# Avg bus bandwidth (\S+)\s*: ([0-9.eE+-]+) GB/s$")
-_MARKER = re.compile(r"\[(\d+)\] ")  # what mpirun -prepend-rank puts before each chunk
+# What the launcher puts before each chunk: hydra's `mpirun -prepend-rank` "[r] ", Open MPI's
+# `mpirun --output tag` "[jobid,r]<stdout>: " (tests/mpi_util.py under ./dev.sh --engine openmpi).
+_MARKER = re.compile(r"\[(?:\d+,)?(\d+)\](?:<std(?:out|err|diag)>: ?| )")
 _CSV_TYPES = {"collective": str, "type": str, "redop": str, "algorithm": str, "ranks": int, "size": int,
               "count": int, "wrong": int, "iters": int}  # the others are floats
 
