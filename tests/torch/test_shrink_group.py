@@ -5,8 +5,12 @@ survivors of a SIGKILLed rank going on within the timeout + 2 s on Open MPI with
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import engines
 import pytest
@@ -18,10 +22,12 @@ TIMEOUT = 5.0
 OMPI = engines.openmpi()
 
 
-def checks(out: str) -> dict:
-    """{(rank, name): (ok, what)} of the ZCOLL-CHECK lines, each rank's output apart (the launcher
-    may put one rank's line in the middle of another's)."""
+def checks(out: str, reports: str = "") -> dict:
+    """{(rank, name): (ok, what)} of the ZCOLL-CHECK lines, from the output and from the ranks'
+    report files (the launcher may put one rank's line in the middle of another's)."""
     text = "\n".join(split_ranks(out).values())
+    if reports:
+        text += "\n" + "".join(Path(reports, f).read_text() for f in sorted(os.listdir(reports)))
     return {
         (int(m[1]), m[2]): (m[3] == "1", m[4])
         for m in re.finditer(r"ZCOLL-CHECK rank=(\d+) name=(\S+) ok=(\d) ?(.*)$", text, re.MULTILINE)
@@ -29,8 +35,11 @@ def checks(out: str) -> dict:
 
 
 def test_bad_input_raises_torchs_messages_and_a_live_rank_can_be_left_out():
-    rc, out = mpirun(3, sys.executable, SCRIPT, "--mode", "checks", env={"ZCOLL_SHM": "0"}, timeout=180)
-    got = checks(out)
+    reports = tempfile.mkdtemp(prefix="zcoll-test-shrink-")
+    env = {"ZCOLL_SHM": "0", "ZCOLL_TEST_REPORTS": reports}
+    rc, out = mpirun(3, sys.executable, SCRIPT, "--mode", "checks", env=env, timeout=180)
+    got = checks(out, reports)
+    shutil.rmtree(reports, ignore_errors=True)
     bad = [
         "not_a_list",
         "empty",

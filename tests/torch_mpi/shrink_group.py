@@ -36,7 +36,13 @@ def say(line: str) -> None:
 
 
 def check(name: str, ok: bool, what: str = "") -> None:
-    say(f"ZCOLL-CHECK rank={RANK0[0]} name={name} ok={int(bool(ok))} {' '.join(what.split())}")
+    line = f"ZCOLL-CHECK rank={RANK0[0]} name={name} ok={int(bool(ok))} {' '.join(what.split())}"
+    say(line)
+    # the launcher can put another rank's output inside a line: the test reads a file per rank too
+    where = os.environ.get("ZCOLL_TEST_REPORTS")
+    if where:
+        with open(os.path.join(where, f"rank-{RANK0[0]}.txt"), "a") as f:
+            f.write(line + "\n")
 
 
 def raises(name: str, kind: type, words: str, fn) -> None:
