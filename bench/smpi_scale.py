@@ -138,7 +138,7 @@ def simulate(args, platform: str, ranks: int, per_node: int, bench_args: list, c
         str(hostfile),
         *SMPI_CFG,
         *cfg,
-        args.binary,
+        str(Path(args.binary).resolve()),
         "-c",
         "0",
         "-n",
@@ -156,7 +156,8 @@ def simulate(args, platform: str, ranks: int, per_node: int, bench_args: list, c
         *bench_args,
     ]
     start = time.time()
-    done, timed_out = run_tree(cmd, {**os.environ, **SIM_ENV, **env}, args.timeout)
+    # smpirun writes temporary files into its working directory
+    done, timed_out = run_tree(cmd, {**os.environ, **SIM_ENV, **env}, args.timeout, cwd=work)
     wall = time.time() - start
     if timed_out or done.returncode != 0 or not out_csv.exists():
         tail = "\n".join(done.output.splitlines()[-15:])
