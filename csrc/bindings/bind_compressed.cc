@@ -6,8 +6,10 @@
 //   allreduce_compressed the collective on the caller's objects (buffers.h), stats as a dict;
 //                        norm_sample per call too (the guard's sampled norms)
 //   Payload              the bytes one rank would send, with the layout of its arrays (Python
-//                        shows them as numpy views of these bytes); encode_payload /
-//                        decode_payload run the collective's own encode, selection and decode
+//                        shows them as numpy views of these bytes) and the input's shape;
+//                        encode_payload / decode_payload run the collective's own encode,
+//                        selection and decode; encode_payload(..., into=payload) overwrites a
+//                        payload of a tensor of the same size in place (no allocation)
 #include <cstdint>
 
 #include "bindings.h"
@@ -29,7 +31,14 @@ struct BoundPayload {
   CompressionOptions options;
   std::size_t count = 0;
   DType dtype = DType::kFloat32;
+  std::vector<long long> shape;
 };
+
+// Whether [a, a + an) and [b, b + bn) share a byte.
+bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
 
 CompressionOptions make_options(py::handle kind, int bits, py::handle block, bool stochastic, double ratio,
                                 bool exact_topk, double threshold, bool measure_error) {
@@ -101,20 +110,37 @@ py::dict allreduce_compressed_method(CommHandle& self, py::handle x, py::handle 
   return d;
 }
 
-BoundPayload encode(py::handle x, const CompressionOptions& options, std::uint64_t seed,
-                    py::handle residual) {
+// `into` (a Payload or None): overwritten in place when it holds a payload of the same options,
+// count and dtype with a fixed size, so the views Python keeps of its bytes stay valid.
+py::object encode(py::handle x, const CompressionOptions& options, std::uint64_t seed, py::handle residual,
+                  py::handle into) {
   const Buffer in = acquire(x, "x", Access::kRead);
   const Buffer e = take_residual(residual, in);
-  BoundPayload p;
+  py::object result = into.is_none() ? py::cast(BoundPayload{}) : py::reinterpret_borrow<py::object>(into);
+  BoundPayload& p = result.cast<BoundPayload&>();
+  if (!into.is_none()) {
+    const std::size_t fixed = fixed_payload_bytes(in.count(), options);
+    ZCOLL_REQUIRE(fixed != 0 && p.wire.kind == options.kind && p.count == in.count() && p.dtype == in.dtype() &&
+                      p.wire.bytes.size() == fixed,
+                  "out: expected a payload of ", compression_name(options), " from ", in.count(), " ",
+                  dtype_name(in.dtype()), " elements (out= takes fixed-size payloads: quantizers, fp16/bf16, "
+                  "top-k), got one from ", p.count, " ", dtype_name(p.dtype), " elements");
+    ZCOLL_REQUIRE(!overlap(in.data(), in.nbytes(), p.wire.bytes.data(), p.wire.bytes.size()) &&
+                      !overlap(e.data(), e.nbytes(), p.wire.bytes.data(), p.wire.bytes.size()),
+                  "out shares memory with x or the residual; pass an out of its own");
+  }
   p.options = options;
   p.options.seed = seed;
   p.options.residual = static_cast<float*>(e.data());
   p.count = in.count();
   p.dtype = in.dtype();
-  MaybeReleaseGil gil(in.nbytes() >= kGilFreeBytes);
-  p.wire = encode_payload(in.data(), in.count(), in.dtype(), p.options);
+  p.shape = in.shape();
+  {
+    MaybeReleaseGil gil(in.nbytes() >= kGilFreeBytes);
+    encode_payload_into(p.wire, in.data(), in.count(), in.dtype(), p.options);
+  }
   p.options.residual = nullptr;
-  return p;
+  return result;
 }
 
 std::size_t decode(const BoundPayload& p, py::handle out) {
@@ -162,6 +188,14 @@ void bind_compressed(py::module_& m) {
       .def_property_readonly("count", [](const BoundPayload& p) { return p.count; })
       .def_property_readonly("dtype", [](const BoundPayload& p) { return dtype_name(p.dtype); })
       .def_property_readonly(
+          "shape",
+          [](const BoundPayload& p) {
+            py::tuple t(p.shape.size());
+            for (std::size_t i = 0; i < p.shape.size(); ++i) t[i] = py::int_(p.shape[i]);
+            return t;
+          },
+          "The input's shape.")
+      .def_property_readonly(
           "layout",
           [](const BoundPayload& p) {
             py::list l;
@@ -176,7 +210,9 @@ void bind_compressed(py::module_& m) {
         py::arg("norm_sample") = 0,
         "out = sum (or avg) of x over the ranks through options' wire format; returns the stats as a dict.");
   m.def("encode_payload", &encode, py::arg("x"), py::arg("options"), py::arg("seed"), py::arg("residual"),
-        "One rank's payload of x (the hop-0 encode / selection of the collective; the residual is updated).");
+        py::arg("into") = py::none(),
+        "One rank's payload of x (the hop-0 encode / selection of the collective; the residual is updated), "
+        "written into `into` (a payload of the same size, returned) when given.");
   m.def("decode_payload", &decode, py::arg("payload"), py::arg("out"),
         "out = the tensor the payload stands for; returns the payload's non-finite count.");
   m.def("sparse_k", &sparse_k, py::arg("count"), py::arg("ratio"));

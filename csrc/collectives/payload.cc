@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "collectives/compressed.h"
 #include "common/check.h"
@@ -38,16 +39,31 @@ void set_pairs(WirePayload& p, std::size_t m) {
 std::uint32_t* indices(WirePayload& p) { return reinterpret_cast<std::uint32_t*>(p.bytes.data()); }
 float* values(WirePayload& p) { return reinterpret_cast<float*>(p.bytes.data() + p.arrays[1].offset); }
 
+kernels::QuantLayout quant_layout_of(std::size_t count, const CompressionOptions& o) {
+  kernels::QuantParams q;
+  q.bits = o.bits;
+  q.block = o.block;
+  return kernels::quant_layout(count, q);
+}
+
+// The codecs' float32 scratch (2 x count; compressed.h), uninitialised, and only where a codec
+// uses it (codecs.cc): decoding into a 2-byte output; half precision's encode of a 2-byte input
+// or with a residual. The quantizers read 2-byte inputs themselves.
+std::unique_ptr<float[]> ring_scratch(std::size_t count, DType dtype, const CompressionOptions& o, bool encode) {
+  const bool wide = dtype != DType::kFloat32;
+  const bool needed =
+      encode ? o.kind != Compression::kQuantize && (wide || o.residual != nullptr) : wide;
+  return std::unique_ptr<float[]>(needed ? new float[2 * count] : nullptr);
+}
+
 void encode_ring(WirePayload& p, const void* x, std::size_t count, DType dtype, const CompressionOptions& o) {
-  std::vector<float> tmp(2 * count);
-  auto codec = make_ring_codec(o, dtype, tmp.data(), count);
+  const std::unique_ptr<float[]> tmp = ring_scratch(count, dtype, o, /*encode=*/true);
+  auto codec = make_ring_codec(o, dtype, tmp.get(), count);
   p.bytes.resize(codec->payload_bytes(count));
   if (o.kind == Compression::kQuantize) {
-    kernels::QuantParams q;
-    q.bits = o.bits;
-    q.block = o.block;
-    const kernels::QuantLayout l = kernels::quant_layout(count, q);
+    const kernels::QuantLayout l = quant_layout_of(count, o);
     p.arrays = {{"codes", "u1", 0, l.code_bytes, 1}, {"scales", "f4", l.scales_offset, l.blocks, 4}};
+    std::memset(p.bytes.data() + l.code_bytes, 0, l.scales_offset - l.code_bytes);  // alignment padding
   } else {
     p.arrays = {{"data", "u2", 0, count, 2}};
   }
@@ -77,9 +93,11 @@ void encode_sparse(WirePayload& p, const void* x, std::size_t count, DType dtype
     kernels::cast(x, dtype, wide.data(), DType::kFloat32, count);
     g = wide.data();
   }
-  set_pairs(p, count);  // room for every element: nothing overflows
+  // Room for every pair it can pick (threshold: every element), so nothing overflows; the pages
+  // beyond the pairs picked are never touched.
+  set_pairs(p, o.kind == Compression::kRandomK ? sparse_k(count, o.ratio) : count);
   const detail::SparseSelection s =
-      detail::select_sparse(g, count, o, o.residual, count, indices(p), values(p));
+      detail::select_sparse(g, count, o, o.residual, p.arrays[0].count, indices(p), values(p));
   std::memmove(p.bytes.data() + 4 * s.m, values(p), 4 * s.m);  // compact to m pairs
   set_pairs(p, s.m);
   p.nonfinite = count_nonfinite(values(p), s.m);
@@ -88,18 +106,31 @@ void encode_sparse(WirePayload& p, const void* x, std::size_t count, DType dtype
 }  // namespace
 
 WirePayload encode_payload(const void* x, std::size_t count, DType dtype, const CompressionOptions& o) {
+  WirePayload p;
+  encode_payload_into(p, x, count, dtype, o);
+  return p;
+}
+
+std::size_t fixed_payload_bytes(std::size_t count, const CompressionOptions& o) {
+  if (o.kind == Compression::kQuantize) return quant_layout_of(count, o).total_bytes;
+  if (o.kind == Compression::kFp16 || o.kind == Compression::kBf16) return 2 * count;
+  if (o.kind == Compression::kTopK) return count ? 8 * detail::TopkLayout(count, o).K : 0;
+  return 0;
+}
+
+void encode_payload_into(WirePayload& p, const void* x, std::size_t count, DType dtype,
+                         const CompressionOptions& o) {
   validate(o, dtype, count);
   ZCOLL_REQUIRE(o.kind != Compression::kNone, "a payload needs a compression kind, not none");
   ZCOLL_REQUIRE(count == 0 || x != nullptr, "encode_payload: null buffer");
-  WirePayload p;
   p.kind = o.kind;
+  p.nonfinite = 0;
   if (compressed_by_ring(o.kind))
     encode_ring(p, x, count, dtype, o);
   else if (o.kind == Compression::kTopK)
     encode_topk(p, x, count, dtype, o);
   else
     encode_sparse(p, x, count, dtype, o);
-  return p;
 }
 
 std::size_t decode_payload(const WirePayload& p, std::size_t count, DType dtype, const CompressionOptions& o,
@@ -108,8 +139,8 @@ std::size_t decode_payload(const WirePayload& p, std::size_t count, DType dtype,
   ZCOLL_REQUIRE(p.kind == o.kind, "decode_payload: a payload of another compression kind");
   if (count == 0) return 0;
   if (compressed_by_ring(o.kind)) {
-    std::vector<float> tmp(2 * count);
-    auto codec = make_ring_codec(o, dtype, tmp.data(), count);
+    const std::unique_ptr<float[]> tmp = ring_scratch(count, dtype, o, /*encode=*/false);
+    auto codec = make_ring_codec(o, dtype, tmp.get(), count);
     ZCOLL_CHECK_EQ(p.bytes.size(), codec->payload_bytes(count), "payload size");
     return codec->decode(p.bytes.data(), count, /*divisor=*/1, y);
   }

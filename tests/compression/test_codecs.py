@@ -202,6 +202,56 @@ def test_one_rank_allreduce_is_the_codec(comm, make):
         assert a.last_stats.wire_bytes == 0 and a.last_stats.count == 2000 and a.last_stats.nonfinite == 0
 
 
+# -- compress(out=): a payload overwritten in place ---------------------------------------------
+FIXED_SIZE = [i for i in IDS if i not in ("randomk", "threshold")]
+
+
+@pytest.mark.parametrize("make", COMPRESSORS, ids=IDS)
+@pytest.mark.parametrize("n", [1, 5, 257, 5000])
+def test_compress_into_a_payload(make, n):
+    """compress(x, out=p) returns p, its arrays the same numpy objects over the same memory, with
+    the bytes a fresh compress(x) makes (alignment padding zeroed: payloads are deterministic),
+    step after step with error feedback (the same residuals and seeds)."""
+    fixed = IDS[COMPRESSORS.index(make)] in FIXED_SIZE
+    a, b = make(error_feedback=True), make(error_feedback=True)
+    out = a.compress(grad(n, seed=1), key="k")
+    b.compress(grad(n, seed=1), key="k")
+    if not fixed:
+        with pytest.raises(ValueError, match="fixed-size payloads"):
+            a.compress(grad(n, seed=2), key="k", out=out)
+        return
+    arrays = dict(out.arrays)
+    addresses = {name: v.ctypes.data for name, v in arrays.items()}
+    for step in range(2, 4):
+        x = grad(n, seed=step)
+        got = a.compress(x, key="k", out=out)
+        want = b.compress(x, key="k")
+        assert got is out and out.shape == (n,)
+        assert all(out.arrays[k] is v and v.ctypes.data == addresses[k] for k, v in arrays.items())
+        assert bytes(out.wire) == bytes(want.wire), f"step {step}"
+        assert same_bits(a.residual("k"), b.residual("k"))
+        assert same_bits(a.decompress(out), b.decompress(want))
+    fresh = [make(error_feedback=False).compress(grad(n)) for _ in range(2)]
+    assert bytes(fresh[0].wire) == bytes(fresh[1].wire)
+
+
+def test_compress_into_a_payload_refuses():
+    q = zcoll.GradientQuantizer(error_feedback=False)
+    p = q.compress(grad(1000))
+    with pytest.raises(ValueError, match="expected a payload of int8.* from 999 float32"):
+        q.compress(grad(999), out=p)
+    with pytest.raises(ValueError, match="from 1000 float16"):
+        q.compress(grad(1000).astype(np.float16), out=p)
+    with pytest.raises(ValueError, match="not a payload"):
+        zcoll.GradientQuantizer(bits=4, error_feedback=False).compress(grad(1000), out=p)
+    with pytest.raises(ValueError, match="not a payload"):
+        q.compress(grad(1000), out=np.empty(1016, np.uint8))
+    t = zcoll.TopK(0.5, error_feedback=False)
+    pt = t.compress(grad(64))  # 32 (index, value) pairs: 256 bytes, 64 floats
+    with pytest.raises(ValueError, match="shares memory"):
+        t.compress(np.frombuffer(pt.wire, np.float32), out=pt)
+
+
 # -- blockwise top-k ------------------------------------------------------------------------------
 def np_blockwise_topk(x, ratio, exact=False):
     """numpy reference: per segment, the k_j = round(ratio * len_j) (at least 1) largest |x|, ties
@@ -311,7 +361,7 @@ def test_norm_sample_sums_the_input_before_and_the_residual_after(comm, n, sampl
     q.norm_sample = sample
     comm.allreduce(x, compression=q, key="w", out=x)  # in place: the input is overwritten
     s = q.last_stats
-    sampled = lambda a: squares(runs_spread_over_every_sixteenth(a, sample))  # noqa: E731
+    sampled = lambda a: squares(runs_spread_over_every_sixteenth(a, sample))
     assert s.input_squares == pytest.approx(sampled(before), rel=1e-9)
     assert s.residual_squares == pytest.approx(sampled(q.residual("w")), rel=1e-9)
     one_exact = n == 1  # sign of one value is exact

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
@@ -72,17 +72,17 @@ class CompressionStats:
     norm_sample)."""
 
     method: str
-    key: Optional[str]
+    key: str | None
     count: int
     wire_bytes: int = 0
     dense_bytes: int = 0
     nonfinite: int = 0
     pairs: int = 0
     dense_fallback: bool = False
-    error_max_abs: Optional[float] = None
-    error_l2: Optional[float] = None
-    input_squares: Optional[float] = None
-    residual_squares: Optional[float] = None
+    error_max_abs: float | None = None
+    error_l2: float | None = None
+    input_squares: float | None = None
+    residual_squares: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -99,7 +99,7 @@ class Payload:
     shape: tuple
     dtype: str
     count: int
-    arrays: Dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray]
     like: Callable[[tuple], Any] = field(repr=False)
     wire: Any = field(repr=False, default=None)
 
@@ -120,24 +120,24 @@ class Compressor:
         self.measure_error = options.measure_error
         self.norm_sample = 0  # > 0: last_stats carries input_squares / residual_squares (the guard's)
         self.seed = seed
-        self.last_stats: Optional[CompressionStats] = None
-        self._residuals: Dict[str, Tuple[tuple, np.ndarray]] = {}
-        self._calls: Dict[Optional[str], int] = {}
+        self.last_stats: CompressionStats | None = None
+        self._residuals: dict[str, tuple[tuple, np.ndarray]] = {}
+        self._calls: dict[str | None, int] = {}
 
     # -- error-feedback state ---------------------------------------------------------------
-    def residual(self, key: str) -> Optional[np.ndarray]:
+    def residual(self, key: str) -> np.ndarray | None:
         """The float32 residual kept for `key` (shaped like its tensor), or None."""
         entry = self._residuals.get(key)
         return entry[1].reshape(entry[0]) if entry else None
 
-    def reset(self, key: Optional[str] = None) -> None:
+    def reset(self, key: str | None = None) -> None:
         """Forgets the residual of `key` (of every key when None)."""
         if key is None:
             self._residuals.clear()
         else:
             self._residuals.pop(key, None)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """This rank's state, for checkpoints: ``{"residuals": {key: float32 array shaped like its
         tensor}, "calls": {key: calls so far}}`` (the call counts drive the per-call seeds of
         stochastic rounding and random-k). Copies; numpy only."""
@@ -146,7 +146,7 @@ class Compressor:
             "calls": dict(self._calls),
         }
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replaces the residuals and call counts with those of :meth:`state_dict` (arrays or
         CPU tensors), so the next call computes exactly what it would have before the save."""
         residuals = {}
@@ -164,7 +164,7 @@ class Compressor:
         a = np.array(values, dtype=np.float32, copy=True)
         self._residuals[key] = (tuple(a.shape), a.reshape(-1))
 
-    def _state(self, key: Optional[str], x: Any) -> Tuple[Optional[np.ndarray], int, Callable[[], None]]:
+    def _state(self, key: str | None, x: Any) -> tuple[np.ndarray | None, int, Callable[[], None]]:
         """(residual or None, this call's seed, commit): commit() records the call (a new key's
         residual, the call count behind the seeds) once the C++ call has succeeded."""
         if key is not None and not isinstance(key, str):
@@ -190,7 +190,7 @@ class Compressor:
 
         return (entry[1] if entry is not None else None), seed, commit
 
-    def _raise_nonfinite(self, key: Optional[str], what: str) -> None:
+    def _raise_nonfinite(self, key: str | None, what: str) -> None:
         if key is not None and key in self._residuals:
             self._residuals[key][1].fill(0.0)
         name = "this tensor" if key is None else f"the tensor with key {key!r}"
@@ -201,7 +201,7 @@ class Compressor:
         )
 
     # -- the collective -----------------------------------------------------------------------
-    def _allreduce(self, comm: Any, x: Any, out: Any, op: Any, algorithm: Any, key: Optional[str]) -> None:
+    def _allreduce(self, comm: Any, x: Any, out: Any, op: Any, algorithm: Any, key: str | None) -> None:
         if self.error_feedback and key is None:
             raise ValueError(
                 f"{self!r} keeps an error-feedback residual per tensor: pass key=... naming the tensor "
@@ -234,18 +234,26 @@ class Compressor:
             self._raise_nonfinite(key, where)
 
     # -- direct use ---------------------------------------------------------------------------
-    def compress(self, x: Any, key: Optional[str] = None) -> Payload:
+    def compress(self, x: Any, key: str | None = None, out: Payload | None = None) -> Payload:
         """One rank's payload of x. With error feedback and a key, uses and updates that key's
-        residual exactly as an allreduce would; otherwise stateless."""
+        residual exactly as an allreduce would; otherwise stateless.
+
+        out: a payload this compressor made from a tensor of the same size and dtype, overwritten
+        in place and returned (its arrays keep their memory: nothing is allocated). For the
+        fixed-size payloads: quantizers, half precision, top-k (ValueError otherwise)."""
+        if out is not None and (not isinstance(out, Payload) or out.method != repr(self) or out.wire is None):
+            raise ValueError(f"out: not a payload of {self!r}")
         e, seed, commit = self._state(key, x)
-        wire = _C.encode_payload(x, self._options, seed, e)
+        wire = _C.encode_payload(x, self._options, seed, e, None if out is None else out.wire)
         commit()
         if wire.nonfinite:
             self._raise_nonfinite(key, f"{wire.nonfinite} non-finite block(s) or value(s) in the payload")
+        if out is not None:
+            out.shape, out.like = wire.shape, lambda s, _x=x: new_like(_x, s)
+            return out
         arrays = {name: np.frombuffer(wire, np.dtype(t), n, offset) for name, t, offset, n in wire.layout}
-        shape = _C.describe(x, "x")[1]
         return Payload(
-            repr(self), shape, wire.dtype, wire.count, arrays, lambda s, _x=x: new_like(_x, s), wire
+            repr(self), wire.shape, wire.dtype, wire.count, arrays, lambda s, _x=x: new_like(_x, s), wire
         )
 
     def decompress(self, payload: Payload, out: Any = None) -> Any:

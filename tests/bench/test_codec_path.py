@@ -1,0 +1,29 @@
+"""bench/codec_path.py: --help, and a short run whose rows are complete, checked (#wrong 0) and
+whose CSV has every row; its refusal of a size that is not whole float32s."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+from mpi_util import ROOT, run
+
+BENCH = ROOT / "bench" / "codec_path.py"
+OPS = ["int8 compress", "int8 decompress", "top-1% compress", "top-1% decompress"]
+
+
+def test_codec_path_benchmark(tmp_path):
+    rc, out = run([sys.executable, BENCH, "--help"], timeout=60)
+    assert rc == 0 and "public/kernel" in out and "--csv" in out
+    csv_file = tmp_path / "codec.csv"
+    rc, out = run(
+        [sys.executable, BENCH, "-s", "64K,256K", "-r", "2", "--min-ms", "1", "--ef", "--csv", csv_file],
+        timeout=120,
+    )
+    assert rc == 0, out
+    rows = list(csv.DictReader(csv_file.open()))
+    assert [r["op"] for r in rows] == 2 * [*OPS[:2], "int8 compress + error feedback", *OPS[2:]], out
+    for r in rows:
+        assert r["#wrong"] == "0" and float(r["kernel GB/s"]) > 0 and float(r["public GB/s"]) > 0, r
+    rc, out = run([sys.executable, BENCH, "-s", "6"], timeout=60)
+    assert rc != 0 and "multiple of 4" in out
