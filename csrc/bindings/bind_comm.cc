@@ -139,9 +139,11 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
             d["bytes_sent"] = s.bytes_sent;
             d["messages_sent"] = s.messages_sent;
             d["collectives"] = s.collectives;
+            d["bytes_read_from_peers"] = s.bytes_read_from_peers;
             return d;
           },
-          "Bytes and messages this rank sent through zcoll, and the number of collectives.")
+          "Bytes and messages this rank sent through zcoll, the number of collectives, and the bytes it "
+          "read straight from other ranks' memory (the shm algorithm's single copy).")
       .def("reset_stats", [](CommHandle& c) { c.comm().stats() = CommStats{}; });
   m.def(
       "best_ring_order",

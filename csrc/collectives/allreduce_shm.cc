@@ -26,7 +26,27 @@
 //          beyond the reduction itself, against about 4 S for a ring over MPI messages. As a model, with
 //          alpha a flag synchronisation and beta a byte copied through memory:
 //          3 alpha + 2 S beta + (p-1)/p S gamma.
+// Single copy, for calls of at least SharedArena::single_copy_bytes (256 KiB) where the
+// transport lets ranks read each other's memory (SharedArena::peer_memory; process_vm_readv over
+// MPI), in one iteration whatever the size:
+//          0. post the addresses of `in` and `out` (flag slots), publish STAGED = s;
+//          1. reduce: when every rank has posted, reduce sub-block `rank` of the whole call in
+//             rank order straight into `out`, piece by piece (cache-sized, or the pipeline's
+//             segment when smaller): the other ranks' pieces are read from their `in` into a
+//             private buffer, mine from `in`; publish REDUCED = s;
+//          2. gather: for each other rank, once it has reduced, read its sub-block of its `out`
+//             into mine (one copy, memory to memory); publish GATHERED = s;
+//          3. wait until every rank has gathered: until then the others may still read my
+//             `in` and `out`.
+//          Same reduction order as the staged path, so the same bits. In place is safe: a rank
+//          overwrites another rank's sub-block of its buffer only in step 2, after that rank
+//          has read it (REDUCED).
+// Cost:    3 alpha + 2 (p-1)/p S beta + (p-1)/p S gamma: (p-1)/p S read from the other ranks
+//          into cache for the reduction and (p-1)/p S copied for the gather, nothing staged.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "collectives/algorithms.h"
 #include "collectives/pipeline.h"
@@ -36,9 +56,12 @@
 namespace zcoll {
 namespace {
 
-enum Flag : int { kStaged = 0, kReduced = 1, kGathered = 2 };
+enum Flag : int { kStaged = 0, kReduced = 1, kGathered = 2, kInAddress = 3, kOutAddress = 4 };
 
 constexpr std::size_t kDirectBytes = 32 * 1024;
+// Single copy: private buffers for the other ranks' pieces (and a running sum beyond 2 ranks),
+// sized to stay in a core's L2 cache.
+constexpr std::size_t kScratchBytes = 256 * 1024;
 
 struct Layout {
   std::size_t block_elems;   // elements per iteration (the staging buffer's capacity)
@@ -130,6 +153,81 @@ struct ShmCall {
   }
 };
 
+// The single-copy iteration (the file's comment, "Single copy").
+struct SingleCopyCall {
+  SharedArena& arena;
+  PeerMemory& peers;
+  const AllreduceArgs& a;
+  int p, me;
+  std::size_t es;
+  CommStats& stats;
+
+  const unsigned char* in() const { return static_cast<const unsigned char*>(a.in); }
+  unsigned char* out() const { return static_cast<unsigned char*>(a.out); }
+  const unsigned char* remote(int r, int slot) const {
+    return reinterpret_cast<const unsigned char*>(static_cast<std::uintptr_t>(arena.posted(r, slot)));
+  }
+  detail::Range sub(int r) const { return detail::split(detail::Range{0, a.count}, p, r); }
+  void read(int r, const unsigned char* remote_bytes, void* local, std::size_t bytes) {
+    peers.read(r, remote_bytes, local, bytes);
+    stats.bytes_read_from_peers += bytes;
+  }
+
+  void run(std::uint64_t s) {
+    arena.post(me, kInAddress, reinterpret_cast<std::uintptr_t>(a.in));
+    arena.post(me, kOutAddress, reinterpret_cast<std::uintptr_t>(a.out));
+    arena.publish(me, kStaged, s);
+    stats.bytes_sent += 2 * static_cast<std::uint64_t>(p - 1) * a.count * es / p;
+    arena.wait_all(kStaged, s);
+    reduce_mine(sub(me));
+    arena.publish(me, kReduced, s);
+    for (int k = 1; k < p; ++k) {
+      const int r = (me + k) % p;  // staggered: the ranks do not all read one rank at once
+      const detail::Range q = sub(r);
+      arena.wait(r, kReduced, s);
+      if (q.count) read(r, remote(r, kOutAddress) + q.begin * es, out() + q.begin * es, q.count * es);
+    }
+    arena.publish(me, kGathered, s);
+    arena.wait_all(kGathered, s);
+  }
+
+  // out[mine] = c_0 + c_1 + ... + c_{p-1} in that order (divided by p for avg), where c_r is
+  // rank r's `in`. Beyond two ranks a running sum in scratch, so that `out` (which may be my
+  // `in`) is written only by the last addition, after my own piece was read.
+  void reduce_mine(const detail::Range& mine) {
+    if (mine.count == 0) return;
+    const std::size_t buffers = p == 2 ? 1 : 3;
+    const std::size_t cap = a.pipeline.max_segment_bytes ? a.pipeline.max_segment_bytes : kScratchBytes;
+    const std::size_t piece = std::max<std::size_t>(1, std::min(cap, kScratchBytes / buffers) / es);
+    thread_local std::vector<unsigned char> scratch;
+    if (scratch.size() < buffers * piece * es) scratch.resize(buffers * piece * es);
+    unsigned char* const fetched[2] = {scratch.data(), scratch.data() + (p == 2 ? 0 : piece * es)};
+    unsigned char* const sum = p == 2 ? nullptr : scratch.data() + 2 * piece * es;
+    for (std::size_t b = mine.begin; b < mine.begin + mine.count; b += piece) {
+      const std::size_t n = std::min(piece, mine.begin + mine.count - b);
+      int next = 0;  // which fetch buffer the next remote piece goes to
+      auto contribution = [&](int r) -> const unsigned char* {
+        if (r == me) return in() + b * es;
+        unsigned char* buf = fetched[next];
+        next ^= 1;
+        read(r, remote(r, kInAddress) + b * es, buf, n * es);
+        return buf;
+      };
+      unsigned char* target = out() + b * es;
+      if (p == 2) {
+        const unsigned char* c0 = contribution(0);
+        kernels::reduce(target, c0, contribution(1), n, a.dtype, a.op);
+      } else {
+        const unsigned char* c0 = contribution(0);
+        kernels::reduce(sum, c0, contribution(1), n, a.dtype, a.op);
+        for (int r = 2; r < p - 1; ++r) kernels::reduce(sum, sum, contribution(r), n, a.dtype, a.op);
+        kernels::reduce(target, sum, contribution(p - 1), n, a.dtype, a.op);
+      }
+      if (a.op == ReduceOp::kAvg) kernels::divide(target, n, a.dtype, p);
+    }
+  }
+};
+
 }  // namespace
 
 void allreduce_shm(Communicator& comm, const AllreduceArgs& a) {
@@ -152,6 +250,12 @@ void allreduce_shm(Communicator& comm, const AllreduceArgs& a) {
                es,
                comm.stats().bytes_sent};
   comm.recorder().mark_in_progress();
+  if (arena->peer_memory != nullptr && a.count * es >= arena->single_copy_bytes) {
+    const std::uint64_t s = ++arena->sequence;
+    if (s > 2) arena->wait_all(kReduced, s - 2);  // as below: no iteration runs ahead of s - 2
+    SingleCopyCall{*arena, *arena->peer_memory, a, p, comm.rank(), es, comm.stats()}.run(s);
+    return;
+  }
   for (std::size_t begin = 0; begin < a.count; begin += layout.block_elems) {
     const detail::Range block{begin, std::min(layout.block_elems, a.count - begin)};
     const std::uint64_t s = ++arena->sequence;

@@ -43,9 +43,11 @@
 // Shared arena: one region per rank in plain process memory (64-byte aligned,
 // InProcOptions::shared_arena_bytes of data after the flags), allocated collectively on the
 // first shared_arena() call like MPI_Win_allocate_shared: every rank allocates its own region,
-// publishes it and waits until all ranks have. oversubscribed(): more ranks than the CPUs this
-// process may run on (the arena's flag waits then yield early, comm/backoff.h). No native
-// allreduce: algorithm "mpi" throws std::invalid_argument (Communicator::native_allreduce).
+// publishes it and waits until all ranks have; it offers reads of the other ranks' memory (a
+// memcpy: one address space) unless InProcOptions::peer_memory is false. oversubscribed():
+// more ranks than the CPUs this process may run on (the arena's flag waits then yield early,
+// comm/backoff.h). No native allreduce: algorithm "mpi" throws std::invalid_argument
+// (Communicator::native_allreduce).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -85,6 +87,8 @@ struct InProcOptions {
                                        // Communicator::topology(); empty: none (ZCOLL_TOPOLOGY is
                                        // not read here)
   double timeout_seconds = 0.0;        // each communicator's deadline (<= 0: none)
+  bool peer_memory = true;             // offer reads of other ranks' memory (the shm single copy)
+  std::size_t single_copy_bytes = 256 * 1024;  // shm calls from this size read peers directly
 };
 
 class InProcGroup;
@@ -94,7 +98,7 @@ struct InProcMailbox;
 }  // namespace detail
 
 // The transport of one rank: the group's mailboxes, its shared regions and its failure state.
-class InProcTransport final : public Transport, public PeerMonitor, public SharedMemory {
+class InProcTransport final : public Transport, public PeerMonitor, public SharedMemory, public PeerMemory {
  public:
   InProcTransport(InProcGroup& group, int rank);
   ~InProcTransport() override;
@@ -118,6 +122,8 @@ class InProcTransport final : public Transport, public PeerMonitor, public Share
   void check() override;
   // SharedMemory
   SharedArena* arena() override;
+  // PeerMemory: the ranks are threads of one process, so a plain copy
+  void read(int rank, const void* remote, void* local, std::size_t bytes) override;
 
   bool oversubscribed() const;
   InProcGroup& group() { return group_; }

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -361,6 +362,55 @@ void touch_pages(const SharedArena& arena, std::size_t bytes) {
 }
 }  // namespace
 
+// Cross-memory attach for the shm algorithm's single copy (shared_arena.h, PeerMemory):
+// process_vm_readv from a peer's pid, looping over partial reads. The kernel allows it between
+// one user's processes unless Yama's ptrace_scope (>= 1) or a seccomp filter (some container
+// runtimes) forbids it, which arena() finds out once.
+void MpiTransport::read(int rank, const void* remote, void* local, std::size_t bytes) {
+  auto* dst = static_cast<unsigned char*>(local);
+  auto src = reinterpret_cast<std::uintptr_t>(remote);
+  const auto pid = static_cast<pid_t>(pids_[static_cast<std::size_t>(rank)]);
+  while (bytes > 0) {
+    iovec to{dst, bytes}, from{reinterpret_cast<void*>(src), bytes};
+    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
+    if (got > 0) {
+      dst += got;
+      src += static_cast<std::uintptr_t>(got);
+      bytes -= static_cast<std::size_t>(got);
+      continue;
+    }
+    const int error = got < 0 ? errno : EIO;
+    if (error == EINTR) continue;
+    watchdog().fail_transport(rank,
+                              detail::concat("reading its memory in one copy (process_vm_readv) failed: ",
+                                             std::strerror(error), " (ZCOLL_SHM_SINGLE_COPY=0 copies through "
+                                             "the shared window instead)"),
+                              !peer_alive(rank));
+  }
+}
+
+// Whether every rank may read every other rank of the node's memory: each rank posts the
+// address of a word holding its pid in its arena flag slot 3, reads every other rank's, and
+// the ranks agree (an allreduce), so that all of them take the same path. Collective over comm_.
+bool MpiTransport::probe_peer_reads() {
+  bool ok = env::get_bool(env::Var::kShmSingleCopy);
+  probe_word_ = static_cast<std::uint64_t>(pids_[static_cast<std::size_t>(rank_)]);
+  arena_.post(rank_, 3, reinterpret_cast<std::uintptr_t>(&probe_word_));
+  ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
+  for (int r = 0; r < size_ && ok; ++r) {
+    if (r == rank_) continue;
+    std::uint64_t word = 0;
+    iovec to{&word, sizeof(word)};
+    iovec from{reinterpret_cast<void*>(static_cast<std::uintptr_t>(arena_.posted(r, 3))), sizeof(word)};
+    ok = process_vm_readv(static_cast<pid_t>(pids_[static_cast<std::size_t>(r)]), &to, 1, &from, 1, 0) ==
+             static_cast<ssize_t>(sizeof(word)) &&
+         word == static_cast<std::uint64_t>(pids_[static_cast<std::size_t>(r)]);
+  }
+  int all = ok ? 1 : 0;
+  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+  return all == 1;
+}
+
 SharedArena* MpiTransport::arena() {
   if (arena_window_ != MPI_WIN_NULL) return &arena_;
   // One region per rank: the flags, then the algorithms' staging areas. The size is fixed (not
@@ -396,6 +446,7 @@ SharedArena* MpiTransport::arena() {
   std::memset(arena_.data(rank_), 0, data_bytes);
   ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
   touch_pages(arena_, data_bytes);
+  if (probe_peer_reads()) arena_.peer_memory = this;
   return &arena_;
 }
 

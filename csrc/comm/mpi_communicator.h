@@ -36,7 +36,11 @@ enum class WaitPolicy : int { kSpin = 0, kYield = 1 };
 
 // The transport: MPI point-to-point on a duplicate of the caller's communicator, MPI's own
 // allreduce, MPI-3 shared memory, and the peers' pids for failure detection.
-class MpiTransport final : public Transport, public PeerMonitor, public NativeAllreduce, public SharedMemory {
+class MpiTransport final : public Transport,
+                           public PeerMonitor,
+                           public NativeAllreduce,
+                           public SharedMemory,
+                           public PeerMemory {
  public:
   explicit MpiTransport(MPI_Comm parent);  // collective over parent
   ~MpiTransport() override;
@@ -61,8 +65,11 @@ class MpiTransport final : public Transport, public PeerMonitor, public NativeAl
   bool shares_clock(int peer) const override { return same_machine(peer); }
   // NativeAllreduce
   void allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) override;
-  // SharedMemory
+  // SharedMemory; the arena offers this transport as its PeerMemory where the kernel lets the
+  // node's ranks read each other's memory and ZCOLL_SHM_SINGLE_COPY is unset or 1.
   SharedArena* arena() override;
+  // PeerMemory: process_vm_readv
+  void read(int rank, const void* remote, void* local, std::size_t bytes) override;
 
   // Where the ranks are, found at creation (see the file's comment): a node label per rank,
   // whether the ranks on this machine outnumber its cores, the id every rank agreed on.
@@ -82,6 +89,7 @@ class MpiTransport final : public Transport, public PeerMonitor, public NativeAl
   // An MPI return code of a wait: failures become the watchdog's failure naming `peer`.
   void check_wait(int rc, int peer);
   bool same_machine(int peer) const;
+  bool probe_peer_reads();  // collective: whether every rank can read every other's memory
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)
@@ -99,6 +107,7 @@ class MpiTransport final : public Transport, public PeerMonitor, public NativeAl
   std::vector<std::int64_t> pids_;      // every rank's process id
   std::vector<std::uint64_t> machine_;  // every rank's machine identity (boot id, pid namespace)
   PeerStatus announced_;                // the buffer of this rank's announcement sends
+  std::uint64_t probe_word_ = 0;        // what the other ranks read in probe_peer_reads()
 };
 
 // The engine over an MpiTransport (comm/communicator.h), with the MPI-specific calls the

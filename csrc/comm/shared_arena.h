@@ -18,8 +18,20 @@ struct alignas(64) SharedFlag {
   std::atomic<std::uint64_t> value{0};
   char pad[64 - sizeof(std::atomic<std::uint64_t>)];
 };
-inline constexpr int kSharedFlags = 4;
+inline constexpr int kSharedFlags = 5;
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "flags must be lock-free to live in shared memory");
+
+// Reads another rank's private memory on the same node (cross-memory attach), so that an
+// algorithm can copy a peer's buffer once instead of through the shared regions. Offered only
+// where every rank of the node may read every other's (the transport checks this once, all
+// ranks agreeing, when it makes the arena).
+class PeerMemory {
+ public:
+  virtual ~PeerMemory() = default;
+  // Copies `bytes` from `remote`, an address in rank `rank`'s address space, to `local`.
+  // Throws when the read fails (RankLostError through the watchdog when the peer is gone).
+  virtual void read(int rank, const void* remote, void* local, std::size_t bytes) = 0;
+};
 
 struct SharedArena {
   std::vector<unsigned char*> regions;  // regions[r]: rank r's region, as mapped in this process
@@ -30,23 +42,36 @@ struct SharedArena {
   // The communicator's watchdog (comm/watchdog.h), polled between unsuccessful polls of a flag:
   // it throws when the call's deadline passes, a rank is lost, or the transport aborted.
   Watchdog* watchdog = nullptr;
+  // Cross-memory reads between the node's ranks, or null where the kernel refuses them; set
+  // alike on every rank. Calls of at least single_copy_bytes use them.
+  PeerMemory* peer_memory = nullptr;
+  std::size_t single_copy_bytes = 256 * 1024;
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
   unsigned char* data(int rank) const { return regions[rank] + kSharedFlags * sizeof(SharedFlag); }
 
+  // A flag slot used as a word of data (an address), read after the flag that publishes it.
+  void post(int rank, int slot, std::uint64_t value) const {
+    flags(rank)[slot].value.store(value, std::memory_order_relaxed);
+  }
+  std::uint64_t posted(int rank, int slot) const {
+    return flags(rank)[slot].value.load(std::memory_order_relaxed);
+  }
   void publish(int rank, int flag, std::uint64_t value) const {
     flags(rank)[flag].value.store(value, std::memory_order_release);
   }
+  // Waits until rank's `flag` has reached `value`.
+  void wait(int rank, int flag, std::uint64_t value) const {
+    std::atomic<std::uint64_t>& f = flags(rank)[flag].value;
+    Backoff backoff(yield_when_waiting);
+    while (f.load(std::memory_order_acquire) < value) {
+      backoff.pause();
+      watchdog->poll(rank);
+    }
+  }
   // Waits until every rank's `flag` has reached `value`.
   void wait_all(int flag, std::uint64_t value) const {
-    for (std::size_t r = 0; r < regions.size(); ++r) {
-      std::atomic<std::uint64_t>& f = flags(static_cast<int>(r))[flag].value;
-      Backoff backoff(yield_when_waiting);
-      while (f.load(std::memory_order_acquire) < value) {
-        backoff.pause();
-        watchdog->poll(static_cast<int>(r));
-      }
-    }
+    for (std::size_t r = 0; r < regions.size(); ++r) wait(static_cast<int>(r), flag, value);
   }
 };
 

@@ -22,6 +22,7 @@ enum class Var : int {
   kWait,           // ZCOLL_WAIT           choice   how ranks wait
   kShm,            // ZCOLL_SHM            bool     allow the shared-memory path
   kShmBytes,       // ZCOLL_SHM_BYTES      bytes    shared memory per rank
+  kShmSingleCopy,  // ZCOLL_SHM_SINGLE_COPY bool    shm reads other ranks' buffers directly
   kRestart,        // ZCOLL_RESTART        int      which restart `zcoll run` is on (0: first launch)
   kCheckpointDir,  // ZCOLL_CHECKPOINT_DIR string    where `zcoll run` tells a job to checkpoint
   kNodeId,         // ZCOLL_NODE_ID        string   which ranks count as one node (NCCL_HOSTID's role)

@@ -3,7 +3,11 @@
 // in place and out of place, NaNs, random floats; results bitwise identical on every rank.
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <thread>
+#include <vector>
 
 #include "cases.h"
 #include "collectives/options.h"
@@ -35,9 +39,50 @@ TEST(allreduce, tree) { allreduce_on_every_size(Algorithm::kTree); }
 TEST(allreduce, recursive_doubling) { allreduce_on_every_size(Algorithm::kRecursiveDoubling); }
 TEST(allreduce, halving_doubling) { allreduce_on_every_size(Algorithm::kHalvingDoubling); }
 TEST(allreduce, shm) { allreduce_on_every_size(Algorithm::kShm); }
+// The single copy (reads of the other ranks' buffers) at every size of the matrix: counts 0,
+// 1, primes, not divisible by p, in place, every dtype and op; the matrix's tiny pipeline
+// segments make many pieces per sub-block.
+TEST(allreduce, shm_single_copy) {
+  zcoll::InProcOptions o = ztest::test_options();
+  o.single_copy_bytes = 1;
+  allreduce_on_every_size(Algorithm::kShm, o);
+}
 // auto picks shm when the transport offers shared memory, else among the message algorithms.
 TEST(allreduce, auto_with_shared_memory) { allreduce_on_every_size(Algorithm::kAuto); }
 TEST(allreduce, auto_without_shared_memory) { allreduce_on_every_size(Algorithm::kAuto, without_arena()); }
+
+// The single copy reduces in the staged path's order, so random floats (whose sum depends on the
+// order) give the same bits through both, in place and not, sum and avg.
+TEST(allreduce, shm_single_copy_same_bits_as_staged) {
+  for (int p = 2; p <= 5; ++p) {
+    std::vector<std::vector<float>> got[2];
+    for (int single = 0; single < 2; ++single) {
+      zcoll::InProcOptions o = ztest::test_options();
+      o.peer_memory = single == 1;
+      o.single_copy_bytes = 1;
+      got[single].assign(static_cast<std::size_t>(p), {});
+      ON_RANKS(p, o, [&](zcoll::Communicator& comm) {
+        std::mt19937 gen(1000u + static_cast<unsigned>(comm.rank()));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> x(100003), y(x.size());
+        for (float& v : x) v = u(gen) * std::exp2(static_cast<float>(gen() % 40) - 20.0f);
+        zcoll::AllreduceOptions a;
+        a.algorithm = Algorithm::kShm;
+        zcoll::allreduce(comm, x.data(), y.data(), x.size(), zcoll::DType::kFloat32, a);
+        a.op = zcoll::ReduceOp::kAvg;
+        zcoll::allreduce(comm, x.data(), x.data(), x.size(), zcoll::DType::kFloat32, a);  // in place
+        y.insert(y.end(), x.begin(), x.end());
+        got[single][static_cast<std::size_t>(comm.rank())] = y;
+      });
+    }
+    ztest::Context ctx(ztest::str("p=", p));
+    for (int r = 0; r < p; ++r) {
+      const auto& a = got[0][static_cast<std::size_t>(r)];
+      const auto& b = got[1][static_cast<std::size_t>(r)];
+      CHECK(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+  }
+}
 
 // The shm algorithm's two paths over several blocks: a 4 KiB arena makes every block small (one
 // synchronisation less, "direct"); a 256 KiB one makes blocks larger than its 32 KiB direct
@@ -46,6 +91,7 @@ TEST(allreduce, shm_blocks) {
   for (std::size_t arena : {std::size_t{4096}, std::size_t{256 * 1024}}) {
     zcoll::InProcOptions o = ztest::test_options();
     o.shared_arena_bytes = arena;
+    o.peer_memory = false;  // the staged path at every size
     for (int p = 1; p <= kMaxRanks; ++p) {
       std::vector<Case> list;
       const std::pair<zcoll::DType, zcoll::ReduceOp> pairs[] = {

@@ -145,6 +145,16 @@ TEST(watchdog, stopped_rank_is_named_by_every_other_rank) {
         },
         a == Algorithm::kShm);
   }
+  // The single copy waits on flags too, and reads the other ranks' buffers: they live outside
+  // the call (a late rank may read a buffer of a rank that gave up, as over MPI, where that
+  // read fails or reads stale data in a call that fails anyway).
+  std::vector<std::vector<float>> buffers(4, std::vector<float>(80 * 1024, 1.0f));  // 320 KiB
+  check_stopped_rank_is_named(
+      "shm single copy",
+      [&buffers](Communicator& comm) {
+        allreduce_with(comm, Algorithm::kShm, buffers[static_cast<std::size_t>(comm.rank())]);
+      },
+      true);
   check_stopped_rank_is_named("allgather", [](Communicator& comm) {
     std::vector<float> x(100, 1.0f), y(100 * static_cast<std::size_t>(comm.size()));
     zcoll::allgather(comm, x.data(), y.data(), x.size(), DType::kFloat32);
