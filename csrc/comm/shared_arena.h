@@ -45,7 +45,7 @@ struct SharedArena {
   // Cross-memory reads between the node's ranks, or null where the kernel refuses them; set
   // alike on every rank. Calls of at least single_copy_bytes use them.
   PeerMemory* peer_memory = nullptr;
-  std::size_t single_copy_bytes = 256 * 1024;
+  std::size_t single_copy_bytes = 1024 * 1024;  // at 256 KiB the staged copy was faster (34 vs 56 us, 2 ranks)
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
   unsigned char* data(int rank) const { return regions[rank] + kSharedFlags * sizeof(SharedFlag); }

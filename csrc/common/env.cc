@@ -37,7 +37,7 @@ constexpr Spec kSpecs[] = {
     {Var::kShmBytes, "ZCOLL_SHM_BYTES", Kind::kBytes, "4194304", "", 4096, 1LL << 34,
      "shared memory per rank for the shm algorithm"},
     {Var::kShmSingleCopy, "ZCOLL_SHM_SINGLE_COPY", Kind::kBool, "1", "", 0, 0,
-     "shm reads other ranks' buffers in one copy (process_vm_readv) from 256 KiB, where the kernel "
+     "shm reads other ranks' buffers in one copy (process_vm_readv) from 1 MiB, where the kernel "
      "allows it (0: always copy through the shared window)"},
     {Var::kRestart, "ZCOLL_RESTART", Kind::kInt, "0", "", 0, 1000000,
      "set by `zcoll run`: 0 on the first launch, k on the k-th restart"},

@@ -1,4 +1,4 @@
-"""The shm allreduce from 256 KiB, where it reads the other ranks' buffers in one copy
+"""The shm allreduce from 1 MiB, where it reads the other ranks' buffers in one copy
 (process_vm_readv; csrc/collectives/allreduce_shm.cc), against numpy, at any world size.
 
     PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/allreduce_shm.py [case ...]
@@ -32,7 +32,7 @@ from numerics import (
 
 comm = zcoll.Communicator()
 P, RANK = WORLD.size, WORLD.rank
-THRESHOLD = 256 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
+THRESHOLD = 1024 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
 CASES = [
     ("float32", "sum"),
     ("float32", "avg"),
@@ -123,7 +123,7 @@ def case_single_copy_ran(ck: Checks):
 
 
 def case_sizes_around_the_threshold(ck: Checks):
-    """Both sides of 256 KiB one after the other: the staged and single-copy calls share the
+    """Both sides of 1 MiB one after the other: the staged and single-copy calls share the
     arena's flags and sequence."""
     for count in (THRESHOLD // 4 - 1, THRESHOLD // 4, 1000, THRESHOLD // 4 + 7, 3 * THRESHOLD // 4 + 1):
         check_call(ck, "float32", "avg", count, "out", "shm")
