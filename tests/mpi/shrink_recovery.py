@@ -137,9 +137,10 @@ def fresh(args: argparse.Namespace) -> None:
 
     comm = zcoll.Communicator(timeout=args.timeout)
     say(f"ZCOLL-PID rank={comm.rank} pid={os.getpid()}")
-    digests(comm, comm.rank)
+    rank = comm.rank
+    digests(comm, rank)
     comm.free()
-    say(f"ZCOLL-DONE rank={comm.rank}")
+    say(f"ZCOLL-DONE rank={rank}")
 
 
 if __name__ == "__main__":
