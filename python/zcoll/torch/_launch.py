@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
+from .._C import env_get
 from ..core import store_launch
 
 # the module (torch.distributed.rendezvous, the attribute, is a function of the same name)
@@ -94,7 +95,7 @@ def _node_label() -> str:
     puts several on one machine), else the host name (with ZCOLL_NODE_ID where set)."""
     if "GROUP_RANK" in os.environ:
         return "group" + os.environ["GROUP_RANK"]
-    return socket.gethostname() + "/" + os.environ.get("ZCOLL_NODE_ID", "")
+    return socket.gethostname() + "/" + env_get("ZCOLL_NODE_ID")
 
 
 def _store_address(store: Any) -> str:
