@@ -44,23 +44,8 @@ import threading
 import time
 
 import numpy as np
+from fault_matrix import ALLREDUCE, COMPRESSED, FAULTS, METHODS
 from lose_rank import report
-
-ALLREDUCE = (
-    "ring",
-    "tree",
-    "recursive_doubling",
-    "halving_doubling",
-    "shm",
-    "hierarchical",
-    "ordered_ring",
-    "auto",
-    "mpi",
-)
-COMPRESSED = ("q8", "q4", "q1", "fp16", "bf16", "topk", "randomk", "threshold")
-OTHER = ("reduce_scatter", "allgather", "broadcast")
-METHODS = ALLREDUCE + COMPRESSED + OTHER
-FAULTS = ("stop", "kill", "raise")
 
 
 def parse() -> argparse.Namespace:
