@@ -51,6 +51,13 @@ def test_healthy():
     assert v.label == "healthy", v
 
 
+def test_healthy_says_when_no_link_has_peers_to_compare():
+    """One link carried the window: nothing to compare it with, and the evidence says so (no 'nan')."""
+    v = classify(window(links=[(0, 1)]))
+    assert v.label == "healthy" and "no tier has two links" in v.evidence and "nan" not in v.evidence, v
+    assert "slowest 1." in classify(window()).evidence
+
+
 def test_slow_rank_is_the_late_one():
     v = classify(window(delay=[0, 0.001, 0.020, 0.0005]))  # rank 2 sleeps 2x a 10 ms call
     assert (v.label, v.rank) == ("slow rank", 2), v
