@@ -10,9 +10,11 @@ Rows (every rate in GB/s of float32 input, GB = 1e9 B; x memcpy = the same size'
                     public: q.compress(x, out=p) (payload reused) and q.compress(x) (new payload)
   int8 decompress   kernel: _C.dequantize into a preallocated float32 array;
                     public: q.decompress(p, out=y) and q.decompress(p) (new array)
-  top-1% compress   kernel: _C.topk (sampled) of the whole tensor, k = 1%;
+  top-1% compress   kernel: _C.topk (sampled) of the whole tensor, k = 1% (the global top-k);
                     public: t.compress(x, out=p) and t.compress(x): the blockwise top-k of
                     TopK.segments(n), each segment's own sampled selection
+  top-1% compress,  kernel: _C.topk (sampled) of each of TopK.segments(n) in turn: the work the
+    S segments     public path runs, so public/kernel is its call path's cost alone
   top-1% decompress kernel: zero-fill + _C.scatter_add of the pairs;
                     public: t.decompress(p, out=y) and t.decompress(p)
   + error feedback  (--ef) int8 with a key: _C.quantize_ef against q.compress(x, key=..., out=p)
@@ -154,12 +156,23 @@ def topk_rows(x: np.ndarray, seed: int) -> list:
         y_kernel.fill(0.0)
         _C.scatter_add(addr(y_kernel), n, addr(pi), addr(pv), pi.size)
 
-    compress = Row(
-        "top-1% compress",
-        lambda: _C.topk(addr(x), n, k, addr(idx), addr(val), "sampled", seed),
-        reused({"public": lambda: t.compress(x, out=payload), "public new": lambda: t.compress(x)}),
-    )
+    segments = t.segments(n)
+    seg_idx, seg_val = np.empty(pi.size, np.uint32), np.empty(pv.size, np.float32)
+
+    def kernel_segments():  # the selections the public path runs: the same kernel, segment by segment
+        at = 0
+        for b, e, kj in segments:
+            _C.topk(
+                addr(x) + 4 * b, e - b, kj, addr(seg_idx) + 4 * at, addr(seg_val) + 4 * at, "sampled", seed
+            )
+            at += kj
+
+    public = {"public": lambda: t.compress(x, out=payload), "public new": lambda: t.compress(x)}
+    compress = Row("top-1% compress", lambda: _C.topk(addr(x), n, k, addr(idx), addr(val), "sampled", seed),
+                   reused(dict(public)))  # fmt: skip
     compress.wrong = topk_mismatch(t, x, pi, pv)
+    per_segment = Row(f"top-1% compress, {len(segments)} segments", kernel_segments, reused(dict(public)))
+    per_segment.wrong = compress.wrong
     decompress = Row(
         "top-1% decompress",
         kernel_decompress,
@@ -168,7 +181,7 @@ def topk_rows(x: np.ndarray, seed: int) -> list:
     kernel_decompress()
     t.decompress(payload, out=y)
     decompress.wrong = mismatch(y, y_kernel)
-    return [compress, decompress]
+    return [compress, per_segment, decompress]
 
 
 def reused(ways: dict) -> dict:
