@@ -8,19 +8,24 @@ Cases (harness protocol); each prints, from rank 0, ``ZCOLL-DIGEST <case> <hex>`
 every rank's results, which tests/torch/test_torchrun.py compares between the two launchers.
   collectives   every algorithm of the group's Communicator (shm too, on one node) on float32
                 inputs whose sums round (the reduction order shows in the bits) and on exact
-                int32; then reduce_scatter, allgather, broadcast, reduce
+                int32 (sizes: --sizes=0,1,7,...); then reduce_scatter, allgather, broadcast, reduce
   torch_ops     the backend through torch.distributed: all_reduce (sum, avg, max), broadcast,
                 reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
                 send/recv around a ring, barrier, a subgroup
   nodes         MPI's and zcoll's nodes (--nodes=K expected) and the hierarchical allreduce
-Faults (--fault=NAME; no harness: each rank prints ``ZCOLL-ERROR rank <r> after <s> s: <text>``
-and exits 3 when creating the group fails, ``ZCOLL-NOERROR rank <r>`` and exits 0 when not):
-  missing   rank 1 exits before creating the group; the others must name it (--timeout=S)
-  size      the last rank states WORLD_SIZE + 1; every rank must name the mismatch
-  store     rank 0 hosts the store the group meets in, then exits: rank 1 must name the store
+Faults (--faults=size,missing,store; no harness), in one launch of 2 workers, each fault in a
+store of its own under the launcher's, the ranks meeting in the launcher's store between two;
+each rank prints ``ZCOLL-ERROR <fault> rank <r> after <s> s: <text>`` when creating the group
+failed, ``ZCOLL-NOERROR <fault> rank <r>`` when not, and exits 3 when any fault gave an error:
+  size      the last rank states WORLD_SIZE + 1; every rank must name the mismatch (timeout 30 s)
+  missing   rank 1 never creates the group; rank 0 must name it after the timeout (4 s)
+  store     rank 0 hosts the store the group meets in, then exits (so it comes last): rank 1 must
+            name the store (timeout 30 s)
 
 Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/launchers.py [case ...]
      PYTHONPATH=tests torchrun --standalone --nproc-per-node 2 tests/torch_mpi/launchers.py
+     PYTHONPATH=tests torchrun --standalone --nproc-per-node 2 tests/torch_mpi/launchers.py \
+         --faults=size,missing,store
 """
 
 import hashlib
@@ -38,33 +43,55 @@ from torch.distributed import distributed_c10d as c10d
 
 ARGS = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
 TIMEOUT = float(ARGS.get("timeout", "60"))
-SIZES = [0, 1, 7, 33, 1000, 65537]
+SIZES = [int(n) for n in ARGS.get("sizes", "0,1,7,33,1000,65537").split(",")]
 
 
-def fault(name: str) -> int:
+FAULT_TIMEOUTS = {"size": 30.0, "missing": 4.0, "store": 30.0}
+
+
+def faults(names: list) -> int:
+    """Each fault of `names` in turn (the module docstring); 3 when any gave an error."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    errors = 0
+    for k, name in enumerate(names):
+        errors += fault(name, dist.PrefixStore(f"zcoll-fault/{k}/", agent), rank, size)
+        if k + 1 < len(names):  # the next fault starts when every rank is done with this one
+            agent.add(f"zcoll-fault/{k}/done", 1)
+            deadline = time.monotonic() + 60
+            while agent.add(f"zcoll-fault/{k}/done", 0) < size and time.monotonic() < deadline:
+                time.sleep(0.02)
+    return 3 if errors else 0
+
+
+def fault(name: str, store, rank: int, size: int) -> int:
+    """One fault: 1 when creating the group raised (the line printed), else 0."""
     start = time.monotonic()
-    kwargs = {"timeout": timedelta(seconds=TIMEOUT)}
+    kwargs = {
+        "store": store,
+        "rank": rank,
+        "world_size": size,
+        "timeout": timedelta(seconds=FAULT_TIMEOUTS[name]),
+    }
     if name == "missing" and rank == 1:
         return 0
     if name == "size" and rank == size - 1:
-        kwargs.update(rank=rank, world_size=size + 1)
+        kwargs.update(world_size=size + 1)
     if name == "store":
-        agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
         if rank == 0:
-            return host_store_then_leave(agent)
-        port = int(agent.get("fault/port"))
-        kwargs.update(init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port}", rank=rank, world_size=2)
+            host_store_then_leave(store, FAULT_TIMEOUTS[name])
+        port = int(store.get("port"))
+        kwargs.update(store=dist.TCPStore(os.environ["MASTER_ADDR"], port, is_master=False))
     try:
         dist.init_process_group("zcoll", **kwargs)
     except RuntimeError as e:
-        print(f"ZCOLL-ERROR rank {rank} after {time.monotonic() - start:.1f} s: {e}", flush=True)
-        return 3
-    print(f"ZCOLL-NOERROR rank {rank}", flush=True)
+        print(f"ZCOLL-ERROR {name} rank {rank} after {time.monotonic() - start:.1f} s: {e}", flush=True)
+        return 1
+    print(f"ZCOLL-NOERROR {name} rank {rank}", flush=True)
     return 0
 
 
-def host_store_then_leave(agent) -> int:
+def host_store_then_leave(agent, timeout: float) -> None:
     """Rank 0 of the store fault: hosts the group's store, waits until rank 1 wrote into it
     (its arrival), then exits without creating the group: the store goes away."""
     with socket.socket() as s:
@@ -73,17 +100,17 @@ def host_store_then_leave(agent) -> int:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], port, world_size=2, is_master=True, wait_for_workers=False
     )
-    agent.set("fault/port", str(port))
+    agent.set("port", str(port))
     keys = store.num_keys()
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + timeout
     while store.num_keys() <= keys and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)
     os._exit(0)
 
 
-if "fault" in ARGS:
-    sys.exit(fault(ARGS["fault"]))
+if "faults" in ARGS:
+    sys.exit(faults(ARGS["faults"].split(",")))
 
 dist.init_process_group("zcoll", timeout=timedelta(seconds=TIMEOUT))
 
