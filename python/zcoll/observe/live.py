@@ -11,15 +11,19 @@
 ``comm``: a zcoll Communicator, the ``zcoll`` torch process group, or a DDP model on it (its
 ``process_group``); ``mon.attach(optimizer)`` calls ``step()`` from the optimizer's step hook.
 
-1. Every ``step()`` counts. At the steps chosen for it (about every ``period`` seconds), every
+1. Every ``step()`` counts. At the steps chosen for it (about every ``window`` seconds), every
    rank takes the window of link telemetry (``comm.link_stats(reset=True)``, collective, on
    the communicator's own thread: through the group's ordered worker under torch, so it never
    runs beside another collective) and classifies it (zcoll.core.diagnose.Diagnoser: healthy,
    slow rank, slow link, slow node; confirmed over three windows). Rank 0 also broadcasts the
    number of steps to the next window, from its measured step time, so every rank takes the
-   same decision. Under torch the window's result is read at the next window (the worker has
+   same decision. Windows are counted in steps, so a slowdown by a factor s stretches the
+   window that spans it to about ``window`` x s seconds: a verdict of a change shows after
+   about ``window`` x (s + 3) + ``period`` seconds (the default window, 0.25 s, keeps that under
+   5 s up to s = 10, for a few hundred microseconds per window). Under torch the window's result is read at the next window (the worker has
    run it long before), so the training thread never waits for it.
-2. A publisher thread per rank sends, every ``period`` seconds, a JSON snapshot to the monitor
+2. A publisher thread per rank sends, every ``period`` seconds (rank 0 also as soon as the
+   verdict changes), a JSON snapshot to the monitor
    (HTTP POST /publish): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
    read without communicating), its steps since the last snapshot (phases and buckets from the
    step profiler when one runs, ``zcoll.torch.profile`` / ZCOLL_TRACE; otherwise the step time
@@ -215,7 +219,8 @@ class _Later:
 class LiveMonitor:
     """Publishes a running job to ``zcoll monitor`` (see the module docstring). Collective:
     every rank creates it (one small broadcast: the run's id), calls ``step()`` once per step
-    and ``close()`` at the end."""
+    and ``close()`` at the end. period: seconds between snapshots sent to the monitor; window:
+    seconds between telemetry windows (the verdict's sampling, see the module docstring)."""
 
     def __init__(
         self,
@@ -223,6 +228,7 @@ class LiveMonitor:
         url: str = "http://127.0.0.1:8765",
         *,
         period: float = 1.0,
+        window: float = 0.25,
         token: str | None = None,
         labels: dict[str, Any] | None = None,
         diagnose: bool = True,
@@ -231,7 +237,7 @@ class LiveMonitor:
         self.comm, self.executor = _target(comm)
         self._holders = (comm, getattr(comm, "_zcoll_compression_state", None), self.comm)
         self.rank, self.size = self.comm.rank, self.comm.size
-        self.period, self.diagnose = float(period), bool(diagnose)
+        self.period, self.window, self.diagnose = float(period), float(window), bool(diagnose)
         self.labels = dict(labels or {})
         self.steps = 0
         self.next_window = first_window
@@ -337,7 +343,7 @@ class LiveMonitor:
         elapsed = now - self._last_window_t
         steps = max(1, self.steps - self._last_window_steps)
         self._last_window_t, self._last_window_steps = now, self.steps
-        proposal = int(min(1000, max(1, round(self.period / max(elapsed / steps, 1e-6)))))
+        proposal = int(min(1000, max(1, round(self.window / max(elapsed / steps, 1e-6)))))
         interval, diagnoser = np.array([proposal], np.int64), self._diagnoser
 
         def window(comm: Any) -> tuple[LinkStats, Verdict, int]:
@@ -357,7 +363,11 @@ class LiveMonitor:
         self.next_window = self.steps + interval_steps
         with self._lock:
             self.links = links_dict(diagnoser.evidence or stats)
+            changed = self.verdict is None or (self.verdict["label"], self.verdict["who"]) != (
+                verdict.label, verdict_dict(verdict)["who"])  # fmt: skip
             self.verdict = verdict_dict(verdict)
+        if changed and self.rank == 0:
+            self._last_publish = float("-inf")  # a new verdict goes out at once, not at the next period
 
     # -- what is published ---------------------------------------------------------------------
     def _recorded_steps(self) -> list[dict[str, Any]]:
