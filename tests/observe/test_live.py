@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 from mpi_util import script_job
+from zcoll.observe import history as hist
 from zcoll.observe import live, serve
 from zcoll.observe.monitor_state import MonitorState
 
@@ -19,9 +20,10 @@ monitor_server = pytest.importorskip("zcoll.tools.monitor_server")
 
 
 @pytest.fixture(scope="module")
-def published():
-    state = MonitorState()
-    server = serve.serve(monitor_server.make_app(state), "127.0.0.1", 0)
+def published(tmp_path_factory):
+    history = hist.History(tmp_path_factory.mktemp("history") / "h.sqlite")
+    state = MonitorState(history)
+    server = serve.serve(monitor_server.make_app(state, history=history), "127.0.0.1", 0)
     try:
         job = script_job("mpi/monitor_job.py", 2, f"--url={server.url}", "--steps=60", "--period=0.1")
         job.check("publish", min_checks=60)
@@ -53,6 +55,17 @@ def test_links_verdict_and_steps(published):
     assert len(steps) >= 3 and all(x["step_s"] > 0.003 for x in steps), steps
     assert s["setup"]["ranks"] == 2 and s["setup"]["labels"] == {"model": "monitor_job"}
     assert any(a.startswith("allreduce/") for a in s["setup"]["algorithms"]), s["setup"]
+
+
+def test_the_run_is_in_the_history(published):
+    """The monitor recorded the real job as it went: set-up, summary, finished."""
+    state, _ = published
+    r = state.history.run(state.run)
+    assert r is not None and r["status"] == "finished" and r["ranks"] == 2, r
+    s = r["summary"]
+    assert s["steps"] == 60 and s["step_s"] > 0.003 and s["communication_s"] > 0, s
+    assert sum(s["verdicts"].values()) >= 1 and s["algorithms"], s
+    assert r["setup"]["labels"] == {"model": "monitor_job"} and r["setup"]["compression"] == ["none"], r
 
 
 def test_publisher_never_blocks_on_a_missing_monitor():

@@ -101,3 +101,57 @@ def test_a_finished_run_from_its_probe_and_logs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no step traces"):
         monitor_files.load(tmp_path / "empty")
+
+
+def run_docs(run, t0, method, step_s, slow):
+    """One run's snapshots as zcoll.observe.live sends them: rank 0's start (no bucket yet, so
+    compression "none"), a few windows, every rank's end (rank 0's set-up by then names int8)."""
+    verdict = {"label": "slow link", "who": slow, "text": f"slow link {slow}"} if slow else None
+    healthy = {"label": "healthy", "who": None, "text": "healthy"}
+    docs = []
+    for k, event in enumerate(("start", None, None, "end")):
+        for rank in (0, 1):
+            d = doc(rank, t0 + k, verdict if k else healthy, event, run=run, steps=range(3 * k, 3 * k + 3))
+            for s in d["steps"]:
+                s["step_s"] = step_s
+            if rank == 0 and k:
+                d["setup"] = dict(d["setup"], compression=[method])
+            docs.append(d)
+    return docs
+
+
+def test_suggestions_from_runs_the_monitor_recorded(tmp_path):
+    """Runs recorded through the monitor's own path (publish -> history), then the next run's
+    page: the slow link of the earlier runs and what int8 saved, in their numbers."""
+    h = hist.History(tmp_path / "h.sqlite")
+    s = MonitorState(h)
+    for t0, (run, method, step_s) in enumerate(
+        (("a", "none", 0.210), ("b", "int8", 0.060), ("c", "none", 0.2))
+    ):
+        for d in run_docs(run, 10.0 * t0, method, step_s, "1->0"):
+            s.publish(d)
+    assert [r["status"] for r in h.runs()] == ["finished"] * 3
+    assert h.run("b")["setup"]["compression"] == ["int8"] and h.run("c")["summary"]["slow_links"] == {
+        "1->0": 3
+    }
+    s.publish(run_docs("d", 40.0, "none", 0.2, None)[0])
+    text = [x["text"] for x in s.snapshot()["suggestions"]]
+    assert any("link 1->0 was the slow link in 3 of the last 3 runs on these hosts" in t for t in text), text
+    assert any("int8 saved 70% of the step on this model (model=x) last time (200.0 ms without compression -> "
+               "60.0 ms)" in t for t in text), text  # fmt: skip
+
+
+def test_ranks_not_heard_from_are_named():
+    now = [100.0]
+    s = MonitorState(clock=lambda: now[0])
+    s.publish(doc(1, 1.0, event="start"))
+    assert s.snapshot()["notes"] == []  # within the grace: rank 0's first snapshot may be on its way
+    now[0] += s.grace
+    assert any("rank 0 has not published" in n for n in s.snapshot()["notes"])
+    s.publish(doc(0, 2.0, {"label": "healthy", "who": None, "text": "healthy"}))
+    assert s.snapshot()["notes"] == []
+    now[0] += 11.0
+    s.publish(doc(0, 3.0, {"label": "healthy", "who": None, "text": "healthy"}))
+    assert s.snapshot()["notes"] == ["silent: rank 1 for 14 s (stopped, stuck, or cut off from this monitor)"]
+    s.publish(doc(1, 4.0, event="end"))
+    assert s.snapshot()["notes"] == []

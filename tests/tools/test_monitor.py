@@ -4,6 +4,7 @@ loopback, a corrupt history file, a directory with nothing to show."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import sys
@@ -21,6 +22,7 @@ pytest.importorskip(
 )
 parser = pytest.importorskip("prometheus_client.parser", reason="pip install 'zcoll[monitor]'")
 monitor_server = pytest.importorskip("zcoll.tools.monitor_server")
+monitor_command = pytest.importorskip("zcoll.tools.monitor_command")
 ZCOLL = [sys.executable, "-m", "zcoll.tools.cli"]
 
 
@@ -137,3 +139,12 @@ def test_history_command(tmp_path):
     assert rc == 0 and "(0.60x)" in out, out
     rc, out = run([*ZCOLL, "history", "show", "2026", "--history", str(path)], timeout=60)
     assert rc == 2 and "no single run matches 2026" in out, out
+
+
+def test_history_command_on_a_corrupt_file(tmp_path, capsys):
+    bad = tmp_path / "h.sqlite"
+    bad.write_bytes(b"garbage" * 1000)
+    args = argparse.Namespace(action="list", runs=[], history=str(bad), n=20)
+    assert monitor_command.history(args) == 2
+    err = capsys.readouterr().err
+    assert f"the history file {bad} cannot be used" in err and "move it aside" in err, err

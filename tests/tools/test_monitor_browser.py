@@ -1,8 +1,9 @@
 """`zcoll monitor`'s page in a real headless browser (Debian's chromium, driven by selenium): a
 2-rank job (tests/mpi/monitor_job.py) publishes while the page is open; the heatmaps and the
-timeline render the job's own numbers, and a verdict pushed by the server shows as a verdict and
-a hotspot within 5 s. The emulated-network version (a slow link injected with tc on the two-node
-test bed) is bench/monitor_testbed.py (root), its output in docs/monitor.md."""
+timeline render the job's own numbers and grow while it runs (server push, no reload), a verdict
+pushed by the server shows as a verdict and a hotspot within 5 s, and a run whose rank 0 never
+publishes is named on the page. The emulated-network version (a slow link injected with tc on
+the two-node test bed) is bench/monitor_testbed.py (root), its output in docs/monitor.md."""
 
 from __future__ import annotations
 
@@ -58,15 +59,22 @@ def test_page_renders_the_jobs_numbers_and_a_pushed_verdict(tmp_path):
         wait_for(driver, "document.body.dataset.version")  # the page is up before the job starts
         training = threading.Thread(target=job.launch)
         training.start()
-        seen = set()
+        samples = []  # (steps on the timeline, pushes received) while the job runs
         while training.is_alive():
-            seen.add(driver.execute_script("return document.getElementById('timeline').dataset.steps"))
+            samples.append(driver.execute_script(
+                "return [document.getElementById('timeline').dataset.steps, document.body.dataset.pushes]"))  # fmt: skip
             time.sleep(0.05)
-        assert seen - {None}, seen  # the job's steps arrived while it ran
         training.join(120)
+        grown = [int(n) for n, _ in samples if n is not None]
+        # the timeline grew while the job ran, one server push at a time (the page never reloads)
+        assert len(grown) >= 2 and grown[-1] > grown[0], samples
+        pushes = [int(x) for _, x in samples if x is not None]
+        assert pushes and pushes[-1] - pushes[0] >= 3, samples
         job.check("publish", min_checks=400)
         s = state.snapshot()
-        wait_for(driver, f"document.body.dataset.version === '{s['version']}'")  # the last push arrived
+        last = f"'{s['version']}'"  # the last push arrived, and the charts drawn at most twice a second too
+        wait_for(driver, f"document.body.dataset.version === {last} && "
+                         f"document.getElementById('timeline').dataset.version === {last}")  # fmt: skip
         shown = json.loads(wait_for(driver, "document.getElementById('heat-bw').dataset.values"))
         want = [[None if v is None else v * 1e-6 for v in row] for row in s["links"]["bandwidth"]]
         assert shown[0][1] == pytest.approx(want[0][1]) and shown[1][0] == pytest.approx(want[1][0])
@@ -90,6 +98,11 @@ def test_page_renders_the_jobs_numbers_and_a_pushed_verdict(tmp_path):
         assert "slow link 1->0" in driver.find_element("id", "verdict").text
         driver.save_screenshot(str(tmp_path / "monitor.png"))
         assert (tmp_path / "monitor.png").stat().st_size > 10_000
+
+        state.grace = 0.0  # a run whose rank 0 cannot reach the monitor: the page says so
+        state.publish(dict(doc, run="lonely", rank=1, verdict=None, links=None))
+        wait_for(driver, "document.getElementById('notes').dataset.count === '1'", timeout=5.0)
+        assert "rank 0 has not published" in driver.find_element("id", "notes").text
     finally:
         driver.quit()
         server.close()

@@ -25,6 +25,7 @@ from . import history as history_mod
 SERIES = 600  # steps kept per rank
 VERDICTS = 200  # verdict changes kept
 SUMMARY_SECONDS = 5.0
+SILENT_SECONDS = 10.0  # a rank of a live run not heard from for this long is named on the page
 
 
 def clean(obj: Any) -> Any:
@@ -36,6 +37,10 @@ def clean(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
     return obj
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 def _median(values: list[float]) -> float | None:
@@ -52,6 +57,7 @@ class MonitorState:
         self.lock = threading.Lock()
         self.version = 0
         self.static = False  # a finished run loaded from files
+        self.grace = 3.0  # seconds after a run's first snapshot before missing ranks are named
         self._reset(None)
         self.history_error: str | None = None
 
@@ -70,6 +76,8 @@ class MonitorState:
         self.report: dict[str, Any] = {}  # a finished run's step report (verdict, suggestions)
         self._history_suggestions: list[dict[str, Any]] = []
         self._last_summary = 0.0
+        self._first_seen = self.clock()
+        self._size = 0
 
     # -- input ---------------------------------------------------------------------------------
     def publish(self, doc: dict[str, Any]) -> None:
@@ -84,6 +92,8 @@ class MonitorState:
             r.update(calls=doc.get("calls", []), buckets=doc.get("buckets", []), t=doc.get("t"),
                      step_count=doc.get("step_count", 0), size=doc.get("size"))  # fmt: skip
             r["publishes"] += 1
+            r["received"] = self.clock()
+            self._size = max(self._size, int(doc.get("size") or 0))
             self.steps.setdefault(rank, deque(maxlen=SERIES)).extend(
                 dict(s, t=doc.get("t")) for s in doc.get("steps", [])
             )
@@ -180,6 +190,28 @@ class MonitorState:
             self.version += 1
 
     # -- output --------------------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        """What the page should warn about: ranks of the live run not heard from (rank 0 above
+        all: it sends the links, the verdict and the set-up), or silent for SILENT_SECONDS."""
+        if self.static or self.run is None:
+            return []
+        now, out = self.clock(), []
+        heard = set(self.ranks)
+        if now - self._first_seen >= self.grace:
+            if 0 not in heard:
+                out.append("rank 0 has not published: it sends the link matrices, the verdict and the set-up "
+                           "(can it reach this monitor? its warning 'cannot publish to ...' says why not)")  # fmt: skip
+            missing = [r for r in range(1, self._size) if r not in heard]
+            if missing:
+                out.append(f"rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} of {self._size} "
+                           "not heard from (cannot reach this monitor?)")  # fmt: skip
+        silent = sorted((r, now - x["received"]) for r, x in self.ranks.items()
+                        if r not in self.ended and now - x.get("received", now) >= SILENT_SECONDS)  # fmt: skip
+        if silent:
+            out.append("silent: " + ", ".join(f"rank {r} for {s:.0f} s" for r, s in silent)
+                       + " (stopped, stuck, or cut off from this monitor)")  # fmt: skip
+        return out
+
     def summary(self) -> dict[str, Any]:
         """The run's summary for the history (call with the lock held)."""
         per_step = [s for series in self.steps.values() for s in series]
@@ -225,5 +257,5 @@ class MonitorState:
                 "verdict_changes": self.verdict_changes, "faults": self.faults,
                 "suggestions": self.suggestions(), "ended": sorted(self.ended),
                 "report": {k: v for k, v in self.report.items() if k != "suggestions"},
-                "history_error": self.history_error,
+                "history_error": self.history_error, "notes": self.notes(),
             })  # fmt: skip

@@ -21,6 +21,8 @@ import asyncio
 import hmac
 import importlib.util
 import json
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from ..observe.monitor_state import MonitorState, clean
 
 PAGE = Path(__file__).with_name("monitor_page.html")
 PUSH_SECONDS = 0.25
+CHECK_SECONDS = 0.05
 HEARTBEAT_SECONDS = 10.0
 MAX_BODY = 8 << 20
 
@@ -136,17 +139,29 @@ def make_app(
     return Starlette(routes=routes)
 
 
+def _notes(state: MonitorState) -> list[str]:
+    with state.lock:
+        return state.notes()
+
+
 async def _stream(request: Any, state: MonitorState) -> Any:
-    """The state as an SSE event whenever its version changes; a comment line now and then
-    keeps proxies from closing the connection."""
-    seen, idle = -1, 0.0
+    """The state as an SSE event whenever its version changes (looked at every CHECK_SECONDS,
+    sent at most every PUSH_SECONDS: a change after a quiet spell goes out within 50 ms), or its
+    notes do (a rank gone silent publishes nothing that would change the version; looked at
+    every second); a comment line now and then keeps proxies from closing the connection."""
+    seen, notes, sent, looked, idle = -1, None, -math.inf, -math.inf, 0.0
     while not await request.is_disconnected():
-        if state.version != seen:
-            seen = state.version
-            yield f"data: {json.dumps(state.snapshot())}\n\n"
+        now = time.monotonic()
+        changed = state.version != seen
+        if not changed and now - looked >= 1.0:
+            looked, changed = now, _notes(state) != notes
+        if changed and now - sent >= PUSH_SECONDS:
+            seen, snap, sent = state.version, state.snapshot(), now
+            notes = snap["notes"]
+            yield f"data: {json.dumps(snap)}\n\n"
             idle = 0.0
         elif idle >= HEARTBEAT_SECONDS:
             yield ": keep-alive\n\n"
             idle = 0.0
-        await asyncio.sleep(PUSH_SECONDS)
-        idle += PUSH_SECONDS
+        await asyncio.sleep(CHECK_SECONDS)
+        idle += CHECK_SECONDS
