@@ -8,19 +8,20 @@ Cases (harness protocol); each prints, from rank 0, ``ZCOLL-DIGEST <case> <hex>`
 every rank's results, which tests/torch/test_torchrun.py compares between the two launchers.
   collectives   every algorithm of the group's Communicator (shm too, on one node) on float32
                 inputs whose sums round (the reduction order shows in the bits) and on exact
-                int32 (sizes: --sizes=0,1,7,...); then reduce_scatter, allgather, broadcast, reduce
+                int32; then reduce_scatter, allgather, broadcast, reduce
   torch_ops     the backend through torch.distributed: all_reduce (sum, avg, max), broadcast,
                 reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
                 send/recv around a ring, barrier, a subgroup
   nodes         MPI's and zcoll's nodes (--nodes=K expected) and the hierarchical allreduce
-Faults (--faults=size,missing,store; no harness), in one launch of 2 workers, each fault in a
-store of its own under the launcher's, the ranks meeting in the launcher's store between two;
-each rank prints ``ZCOLL-ERROR <fault> rank <r> after <s> s: <text>`` when creating the group
-failed, ``ZCOLL-NOERROR <fault> rank <r>`` when not, and exits 3 when any fault gave an error:
+Faults (--faults=size,missing,store; torchrun, 2 workers), before the cases: each fault in a store
+of its own under the launcher's, every rank done with one before the next; each rank prints
+``ZCOLL-ERROR <fault> rank <r> after <s> s: <text>`` when creating the group failed,
+``ZCOLL-NOERROR <fault> rank <r>`` when not. Then the group is created as usual and the cases run
+(a failed start must leave nothing behind):
   size      the last rank states WORLD_SIZE + 1; every rank must name the mismatch (timeout 30 s)
   missing   rank 1 never creates the group; rank 0 must name it after the timeout (4 s)
-  store     rank 0 hosts the store the group meets in, then exits (so it comes last): rank 1 must
-            name the store (timeout 30 s)
+  store     rank 0 hosts the store the group meets in, then closes it: rank 1 must name the
+            store (timeout 30 s)
 
 Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/launchers.py [case ...]
      PYTHONPATH=tests torchrun --standalone --nproc-per-node 2 tests/torch_mpi/launchers.py
@@ -28,9 +29,9 @@ Run: PYTHONPATH=tests mpirun -n 2 python -m mpi4py tests/torch_mpi/launchers.py 
          --faults=size,missing,store
 """
 
+import gc
 import hashlib
 import os
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -43,29 +44,27 @@ from torch.distributed import distributed_c10d as c10d
 
 ARGS = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
 TIMEOUT = float(ARGS.get("timeout", "60"))
-SIZES = [int(n) for n in ARGS.get("sizes", "0,1,7,33,1000,65537").split(",")]
+SIZES = [0, 1, 7, 33, 1000, 65537]
 
 
 FAULT_TIMEOUTS = {"size": 30.0, "missing": 4.0, "store": 30.0}
 
 
-def faults(names: list) -> int:
-    """Each fault of `names` in turn (the module docstring); 3 when any gave an error."""
+def faults(names: list) -> None:
+    """Each fault of `names` in turn (the module docstring); every rank done with one before
+    the next starts, and with the last before the real group."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    errors = 0
     for k, name in enumerate(names):
-        errors += fault(name, dist.PrefixStore(f"zcoll-fault/{k}/", agent), rank, size)
-        if k + 1 < len(names):  # the next fault starts when every rank is done with this one
-            agent.add(f"zcoll-fault/{k}/done", 1)
-            deadline = time.monotonic() + 60
-            while agent.add(f"zcoll-fault/{k}/done", 0) < size and time.monotonic() < deadline:
-                time.sleep(0.02)
-    return 3 if errors else 0
+        fault(name, dist.PrefixStore(f"zcoll-fault/{k}/", agent), rank, size)
+        agent.add(f"zcoll-fault/{k}/done", 1)
+        deadline = time.monotonic() + 60
+        while agent.add(f"zcoll-fault/{k}/done", 0) < size and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
-def fault(name: str, store, rank: int, size: int) -> int:
-    """One fault: 1 when creating the group raised (the line printed), else 0."""
+def fault(name: str, store, rank: int, size: int) -> None:
+    """One fault; prints whether creating the group raised."""
     start = time.monotonic()
     kwargs = {
         "store": store,
@@ -74,43 +73,38 @@ def fault(name: str, store, rank: int, size: int) -> int:
         "timeout": timedelta(seconds=FAULT_TIMEOUTS[name]),
     }
     if name == "missing" and rank == 1:
-        return 0
+        return
     if name == "size" and rank == size - 1:
         kwargs.update(world_size=size + 1)
     if name == "store":
         if rank == 0:
-            host_store_then_leave(store, FAULT_TIMEOUTS[name])
-        port = int(store.get("port"))
-        kwargs.update(store=dist.TCPStore(os.environ["MASTER_ADDR"], port, is_master=False))
+            return host_store_then_close(store, FAULT_TIMEOUTS[name])
+        kwargs.update(store=dist.TCPStore(os.environ["MASTER_ADDR"], int(store.get("port")), is_master=False))
     try:
         dist.init_process_group("zcoll", **kwargs)
     except RuntimeError as e:
         print(f"ZCOLL-ERROR {name} rank {rank} after {time.monotonic() - start:.1f} s: {e}", flush=True)
-        return 1
+        return
     print(f"ZCOLL-NOERROR {name} rank {rank}", flush=True)
-    return 0
+    dist.destroy_process_group()
 
 
-def host_store_then_leave(agent, timeout: float) -> None:
+def host_store_then_close(agent, timeout: float) -> None:
     """Rank 0 of the store fault: hosts the group's store, waits until rank 1 wrote into it
-    (its arrival), then exits without creating the group: the store goes away."""
-    with socket.socket() as s:
-        s.bind((os.environ["MASTER_ADDR"], 0))
-        port = s.getsockname()[1]
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], port, world_size=2, is_master=True, wait_for_workers=False
-    )
-    agent.set("port", str(port))
+    (its arrival), then closes it without creating the group: the store goes away."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], 0, world_size=2, is_master=True, wait_for_workers=False)
+    agent.set("port", str(store.port))
     keys = store.num_keys()
     deadline = time.monotonic() + timeout
     while store.num_keys() <= keys and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)
-    os._exit(0)
+    del store
+    gc.collect()  # the last reference: its server stops
 
 
 if "faults" in ARGS:
-    sys.exit(faults(ARGS["faults"].split(",")))
+    faults(ARGS["faults"].split(","))  # then the group as usual: a failed start leaves nothing behind
 
 dist.init_process_group("zcoll", timeout=timedelta(seconds=TIMEOUT))
 
