@@ -252,6 +252,7 @@ class LiveMonitor:
         self.verdict: dict[str, Any] | None = None
         self.links: dict[str, Any] | None = None
         self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0)
+        self._no_verdict = self._diagnoser.current  # "healthy: no telemetry yet" until windows confirm one
         self.run = self._run_id()
         self._lock = threading.Lock()
         self._steps_out: list[dict[str, Any]] = []
@@ -363,9 +364,10 @@ class LiveMonitor:
         self.next_window = self.steps + interval_steps
         with self._lock:
             self.links = links_dict(diagnoser.evidence or stats)
-            changed = self.verdict is None or (self.verdict["label"], self.verdict["who"]) != (
-                verdict.label, verdict_dict(verdict)["who"])  # fmt: skip
-            self.verdict = verdict_dict(verdict)
+            new = None if verdict is self._no_verdict else verdict_dict(verdict)
+            changed = new is not None and (self.verdict is None or (self.verdict["label"], self.verdict["who"])
+                                           != (new["label"], new["who"]))  # fmt: skip
+            self.verdict = new
         if changed and self.rank == 0:
             self._last_publish = float("-inf")  # a new verdict goes out at once, not at the next period
 
