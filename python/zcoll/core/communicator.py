@@ -45,6 +45,22 @@ def _uncaught() -> Optional[BaseException]:
     return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
 
 
+_RECOVERED = [0]  # communicators a failure broke that a shrink has replaced since
+
+
+def failures_left() -> int:
+    """This process's communicators that a failure broke and no shrink replaced (in-place
+    recovery, docs/recovery.md): a process that recovered exits as one that never failed."""
+    return max(0, _C.broken_count() - _RECOVERED[0])
+
+
+def _recovered(comm: "_C.Comm") -> None:
+    """comm, broken by a failure, was replaced by a shrink (counted once)."""
+    if not comm.__dict__.get("_recovered"):
+        comm.__dict__["_recovered"] = True
+        _RECOVERED[0] += 1
+
+
 def leave_on_uncaught() -> None:
     """At exit with an uncaught exception (and no zcoll failure of its own): this rank makes no more
     calls, so it tells the other ranks of every live communicator (``_C.Comm._leave``, without
@@ -55,7 +71,7 @@ def leave_on_uncaught() -> None:
     (docs/errors.md). Called by the exit handlers of this module and of the torch backend, before
     they free anything."""
     uncaught = _uncaught()
-    if uncaught is None or _C.broken_count():
+    if uncaught is None or failures_left():
         return
     why = f"its process is exiting with an uncaught {type(uncaught).__name__}"
     for c in list(_live):
@@ -65,7 +81,7 @@ def leave_on_uncaught() -> None:
 @atexit.register
 def _free_all() -> None:
     leave_on_uncaught()
-    if _C.broken_count():
+    if failures_left():
         uncaught = _uncaught()
         if uncaught is not None:
             sys.stdout.flush()
@@ -232,14 +248,24 @@ class Communicator(_C.Comm):
                 comm = comm.shrink()                     # every survivor
                 comm.allreduce(grad, op="avg", out=grad)  # the step again, on the survivors
         """
+        failed = self.broken
         new = type(self).__new__(type(self))
         _C.Comm.__init__(new, self)  # collective over the survivors (csrc/comm/fault_tolerance.h)
         _live.add(new)
+        if failed:
+            _recovered(self)
         bandwidth = self.__dict__.get("_bandwidth")
         if bandwidth is not None:
             kept = new.shrunk_from["kept"]
             new.set_topology(bandwidth[np.ix_(kept, kept)])
         return new
+
+    def _retire(self, why: str) -> None:
+        """Replaced by a shrink of torch's (zcoll.torch): broken from now on; a failure that broke
+        it counts as recovered."""
+        if self.broken:
+            _recovered(self)
+        super()._retire(why)
 
     @property
     def shrunk_from(self) -> Optional[dict]:

@@ -21,10 +21,16 @@ running collective (zcoll.TimeoutError on every rank still in it). docs/recovery
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any, Callable
 
 from torch.distributed import distributed_c10d as c10d
+
+from .. import _C
+
+FAILURE_GRACE_S = 3.0  # how long a survivor waits for MPI to hold the excluded ranks failed (ULFM)
+_PROBE_TAG = 32766  # probed, never sent: the group's base communicator carries no messages
 
 
 class ShrinkOps:
@@ -51,13 +57,7 @@ class ShrinkOps:
             self._comm.abort("torch.distributed.shrink_group(shrink_flags=SHRINK_ABORT)")
         keep = [r for r in range(self.size()) if r not in set(excluded)]
         name = f"{self.getGroupName()}:shrunk"
-        everyone = self._base.Get_group()
-        group = everyone.Incl(keep)
-        try:
-            comm = self._base.Create_group(group, tag=zlib.crc32(name.encode()) % 32768)
-        finally:
-            group.Free()
-            everyone.Free()
+        comm = self._remaining(keep, zlib.crc32(name.encode()) % 32768)
         if comm == MPI.COMM_NULL:  # pragma: no cover - every caller is in `keep`
             raise RuntimeError(f"zcoll shrink: rank {self.rank()} is not among the remaining ranks {keep}")
         timeout = getattr(opts_override, "_timeout", None)
@@ -66,10 +66,75 @@ class ShrinkOps:
         self._retire(f"it was shrunk to its ranks {keep} (torch.distributed.shrink_group)")
         return new
 
+    def _remaining(self, keep: list[int], tag: int) -> Any:
+        """The communicator of `keep`. Where MPI knows of failed ranks (ULFM, `mpirun --with-ft
+        ulfm`) it refuses to create a communicator from one that holds them (MPI_ERR_PROC_FAILED),
+        and one survivor may know before another, which would leave it alone in create_group.
+        So with fault tolerance on, each survivor first gives MPI up to FAILURE_GRACE_S to learn
+        of the excluded ranks' failure (it learns within tens of ms of the first message that
+        touches them): when all are failed, the survivors revoke the old communicator and shrink
+        it (MPI's fault-tolerant agreement on who is left, which must be exactly `keep`);
+        otherwise (excluded ranks alive, merely left out) MPI_Comm_create_group, collective
+        over `keep` only."""
+        from mpi4py import MPI
+
+        lost = sorted(set(range(self.size())) - set(keep))
+        if not _C.shrink_unavailable_reason() and self._known_failed(MPI, lost, FAILURE_GRACE_S):
+            self._base.Revoke()
+            comm = self._base.Shrink()
+            kept = members_in(comm, self._base)
+            if kept != keep:
+                comm.Free()
+                raise RuntimeError(
+                    f"zcoll shrink: MPI's fault-tolerant shrink kept ranks {kept} of this group, torch's "
+                    f"shrink_group asked for {keep}: ranks {sorted(set(keep) - set(kept))} were lost as well "
+                    "(MPI_ERR_PROC_FAILED); shrink_group them out too"
+                )
+            return comm
+        everyone = self._base.Get_group()
+        group = everyone.Incl(keep)
+        try:
+            return self._base.Create_group(group, tag=tag)
+        finally:
+            group.Free()
+            everyone.Free()
+
+    def _known_failed(self, mpi: Any, ranks: list[int], grace: float) -> bool:
+        """Whether MPI holds every one of `ranks` failed, within `grace` seconds (probing each
+        drives MPI's progress, where it learns of failures)."""
+        deadline = time.monotonic() + grace
+        while True:
+            for r in ranks:
+                try:
+                    self._base.Iprobe(source=r, tag=_PROBE_TAG)
+                except mpi.Exception:
+                    pass  # MPI_ERR_PROC_FAILED: what we wait for
+            failed, everyone = self._base.Get_failed(), self._base.Get_group()
+            try:
+                known = set(failed.Translate_ranks(list(range(failed.size)), everyone))
+            finally:
+                failed.Free()
+                everyone.Free()
+            if set(ranks) <= known:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
     def _retire(self, why: str) -> None:
         """Broken from now on, and nothing of it freed through MPI (its peers may be gone)."""
         self._comm._retire(why)
         self._comm.free()  # releases nothing through MPI once retired; shutdown() then frees nothing
+
+
+def members_in(comm: Any, parent: Any) -> list[int]:
+    """The ranks in `parent` of comm's members, in comm's order."""
+    mine, theirs = comm.Get_group(), parent.Get_group()
+    try:
+        return list(mine.Translate_ranks(list(range(comm.size)), theirs))
+    finally:
+        mine.Free()
+        theirs.Free()
 
 
 def install() -> None:

@@ -2,9 +2,10 @@
 
 Needs in-place recovery, i.e. Open MPI with ULFM under ``mpirun --with-ft ulfm`` (elsewhere the
 first lost rank re-raises the error with a note that recovery is by restart, ``zcoll run``).
-The loop runs ``step_fn(step, model)`` for each step and keeps, in memory, the model's and the
-optimizer's state after each of the last two completed steps. When a step fails because ranks
-were lost (``zcoll.TimeoutError``, or the RuntimeError DDP raises quoting it), every survivor:
+The loop runs ``step_fn(step, model)`` for each step and keeps, in memory, the model's, the
+optimizer's (and the LRScaling's) state after each of the last two completed steps. When a step
+fails because ranks were lost (``zcoll.TimeoutError``, or the RuntimeError DDP raises quoting
+it), every survivor:
 
 1. agrees with the others on the lost ranks: ``shrink()`` of the group's zcoll communicator
    (MPI's fault-tolerant agreement), then ``torch.distributed.shrink_group`` of those ranks, which
@@ -18,6 +19,10 @@ were lost (``zcoll.TimeoutError``, or the RuntimeError DDP raises quoting it), e
    :class:`~zcoll.torch.LRScaling` given moves the rate to the rule's value for the smaller batch;
 4. wraps the module in DDP again on the new group (``wrap``, which broadcasts rank 0's
    parameters: every survivor starts equal) and goes on from that step.
+
+A rank lost during steps 1-4 (another fault while recovering) starts them again on the ranks
+left; the recovery's record then lists every rank lost. ``ranks`` holds the original (first
+group's) rank of each member of the current group, in its order.
 
 Example::
 
@@ -34,12 +39,13 @@ Example::
         opt.step()
 
     loop.run(step_fn, steps=1000)
-    print(loop.recoveries)        # one record per recovery: lost ranks, resumed step, seconds
+    print(loop.recoveries)        # one record per recovery: lost ranks, resumed step, seconds, ...
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import time
 from typing import Any, Callable
@@ -50,12 +56,18 @@ import torch.distributed as dist
 from .. import _C
 from ..core.communicator import Communicator
 
+# What MPI's fault-tolerance extensions say in an mpi4py error (a rank lost during the recovery's
+# own MPI calls): ULFM's error classes' names.
+_MPI_LOST = ("PROC_FAILED", "REVOKED", "Process Failure", "revoked")
+
 
 class ElasticLoop:
     """The loop of the module docstring. ``module`` is the plain model (not DDP); ``wrap(module,
     group)`` returns what ``step_fn`` gets (e.g. DDP on that group; default: the module itself);
-    ``scaling`` an LRScaling for ``policy="lr"``; ``micro_batch`` the rows per rank per
-    micro-batch it uses to state the global batch."""
+    ``scaling`` an LRScaling for ``policy="lr"`` (saved and rolled back with the optimizer);
+    ``micro_batch`` the rows per rank per micro-batch it uses to state the global batch;
+    ``on_phase(phase, step)``, when given, is told "recover" when a recovery starts and "train"
+    when it is done (a monitor's or a chaos test's hook)."""
 
     POLICIES = ("accumulate", "lr", "none")
 
@@ -69,6 +81,7 @@ class ElasticLoop:
         micro_batch: int = 1,
         accumulation: int = 1,
         group: Any = None,
+        on_phase: Callable[[str, int], None] | None = None,
     ):
         if policy not in self.POLICIES:
             raise ValueError(f"policy must be one of {', '.join(self.POLICIES)}, got {policy!r}")
@@ -76,9 +89,11 @@ class ElasticLoop:
             raise ValueError('policy="lr" needs scaling=zcoll.torch.LRScaling(optimizer, base_batch=...)')
         self.module, self.optimizer, self.policy, self.scaling = module, optimizer, policy, scaling
         self.wrap = wrap or (lambda m, g: m)
+        self.on_phase = on_phase or (lambda phase, step: None)
         self.micro_batch, self.accumulation = int(micro_batch), int(accumulation)
         self.group = group if group is not None else dist.group.WORLD
         self.world = dist.get_world_size(self.group)
+        self.ranks = list(range(self.world))  # the first group's rank of each member, in order
         self.batch = self.world * self.accumulation  # micro-batches per step over the job
         self.model = self.wrap(module, self.group)
         self.step = 0
@@ -104,32 +119,58 @@ class ElasticLoop:
         return self.step
 
     def recover(self, error: str) -> None:
-        """Steps 1-4 of the module docstring; collective over the survivors."""
-        start = time.monotonic()
-        pg = self.group if self.group is not None else dist.distributed_c10d._get_default_group()
+        """Steps 1-4 of the module docstring; collective over the survivors. A rank lost on the
+        way starts them again, as many times as there are ranks to lose."""
+        start, old_world, lost, attempts = time.monotonic(), self.world, [], 0
+        self.on_phase("recover", self.step)
+        while True:
+            attempts += 1
+            try:
+                lost += self._shrink(error)
+                self._resume()
+                break
+            except Exception as e:  # a rank lost while recovering: again, on the ranks left
+                if not self._lost_rank(e) or attempts >= old_world:
+                    raise
+                error = str(e)
+        self.recoveries.append(
+            {"lost": sorted(lost), "world": (old_world, self.world), "resumed_at": self.step,
+             "accumulation": self.accumulation, "attempts": attempts, "seconds": time.monotonic() - start,
+             "finished": time.time()}
+        )  # fmt: skip
+        self.on_phase("train", self.step)
+
+    def _shrink(self, error: str) -> list:
+        """Step 1: the survivors' group; returns the lost ranks (first group's numbering)."""
+        pg = self.group
         comm: Communicator = pg.communicator
         try:
             survivors = comm.shrink()  # MPI's agreement on who is lost
         except _C.ZcollError as e:
+            if not _C.shrink_unavailable_reason():
+                raise
             raise RuntimeError(
                 f"zcoll ElasticLoop: a rank was lost ({error}) and this job cannot shrink in place: {e}"
             ) from e
-        lost = survivors.shrunk_from["lost"]
+        kept, lost = survivors.shrunk_from["kept"], survivors.shrunk_from["lost"]
         survivors.free()
         self.model = None  # the old DDP's reducer goes, and with it its hooks on the parameters
+        gc.collect()
         self.group = dist.shrink_group(lost, group=pg)
+        gone = [self.ranks[r] for r in lost]
+        self.ranks = [self.ranks[r] for r in kept]
+        self.world = dist.get_world_size(self.group)
+        return gone
+
+    def _resume(self) -> None:
+        """Steps 2-4: the last step every survivor completed, its snapshot, the batch, DDP again."""
         done = torch.tensor([self.step], dtype=torch.int64)
         dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.group)
         self.step = int(done.item())
         self._restore(self._snapshots[self.step])
-        self._snapshots = {self.step: self._snapshots[self.step]}
-        old_world, self.world = self.world, dist.get_world_size(self.group)
+        self._snapshots = {s: v for s, v in self._snapshots.items() if s <= self.step}
         self._keep_batch()
         self.model = self.wrap(self.module, self.group)
-        self.recoveries.append(
-            {"lost": lost, "world": (old_world, self.world), "resumed_at": self.step,
-             "accumulation": self.accumulation, "seconds": time.monotonic() - start}
-        )  # fmt: skip
 
     def _keep_batch(self) -> None:
         if self.policy == "accumulate":
@@ -139,15 +180,26 @@ class ElasticLoop:
 
     @staticmethod
     def _lost_rank(e: BaseException) -> bool:
-        """A zcoll failure (zcoll.TimeoutError, or DDP's RuntimeError quoting one)."""
-        return isinstance(e, _C.TimeoutError) or "zcoll" in str(e) and "rank" in str(e)
+        """A zcoll failure (zcoll.TimeoutError, or DDP's RuntimeError quoting one), or MPI's
+        report of a failed process (ULFM) from the recovery's own MPI calls."""
+        text = str(e)
+        return (
+            isinstance(e, _C.TimeoutError)
+            or ("zcoll" in text and "rank" in text)
+            or any(word in text for word in _MPI_LOST)
+        )
 
     def _snapshot(self) -> dict:
-        return {
+        snap = {
             "module": copy.deepcopy(self.module.state_dict()),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
         }
+        if self.scaling is not None:
+            snap["scaling"] = copy.deepcopy(self.scaling.state_dict())
+        return snap
 
     def _restore(self, snap: dict) -> None:
         self.module.load_state_dict(snap["module"])
         self.optimizer.load_state_dict(snap["optimizer"])
+        if self.scaling is not None:
+            self.scaling.load_state_dict(snap["scaling"])
