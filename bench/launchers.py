@@ -5,7 +5,8 @@
   elastic    torchrun --max-restarts 1: a worker SIGKILLed mid-training, the group formed again,
              training resumed from its checkpoint; the weights compared with an uninterrupted run
   dist-suite PyTorch's own distributed_test.py (tests/torch_mpi/dist_suite.py) under torchrun,
-             3 workers, through tests/torch_mpi/under_torchrun.py; counts as tests/torch/test_dist_suite.py
+             3 workers, through tests/torch_mpi/under_torchrun.py, and under mpirun -n 3 as
+             tests/torch/test_dist_suite.py runs it: every test's outcome compared
   two-node   two torchrun agents in two network namespaces (zcoll.tools.testbed, root), c10d
              rendezvous at node 0: MPI and zcoll must see 2 nodes, every collective and algorithm
              must pass, and the results must equal those of mpirun on the same test bed
@@ -228,25 +229,41 @@ def two_node(args: argparse.Namespace) -> None:
 _SKIP = re.compile(r"ZCOLL-TORCH-SKIP (\S+) rank")
 
 
-def dist_suite(args: argparse.Namespace) -> None:
-    say(f"torch's distributed_test.py under torchrun, {args.workers} workers (several minutes) ...")
+def suite_outcomes(name: str, cmd: list, timeout: float, **extra: str) -> dict:
+    """{test: PASS | FAIL | SKIP} of one launch of tests/torch_mpi/dist_suite.py; prints its counts."""
+    say(f"{name}: torch's distributed_test.py ...")
     start = time.monotonic()
-    cmd = torchrun(
-        args.workers, "--tee", "3", TESTS / "torch_mpi/under_torchrun.py", TESTS / "torch_mpi/dist_suite.py"
-    )
-    finished, timed_out = run_tree(cmd, env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}] "), args.timeout)
+    finished, timed_out = run_tree(cmd, env(**extra), timeout)
     out = finished.output
-    cases = dict(_CASE.findall(out))
-    skipped = set(_SKIP.findall(out))
-    passed = sorted(n for n, s in cases.items() if s == "PASS" and n not in skipped)
-    failed = sorted(n for n, s in cases.items() if s == "FAIL")
+    outcome = dict(_CASE.findall(out))
+    for test in set(_SKIP.findall(out)):
+        outcome[test] = "SKIP"
+    counts = {k: sum(v == k for v in outcome.values()) for k in ("PASS", "SKIP", "FAIL")}
     say(
-        f"{time.monotonic() - start:.0f} s{' (timed out)' if timed_out else ''}, exit {finished.returncode}: "
-        f"{len(cases)} tests reported, {len(passed)} passed, {len(skipped)} skipped by torch, "
-        f"{len(failed)} failed"
+        f"  {time.monotonic() - start:.0f} s{' (timed out)' if timed_out else ''}, exit {finished.returncode}: "
+        f"{len(outcome)} tests reported, {counts['PASS']} passed, {counts['SKIP']} skipped by torch, "
+        f"{counts['FAIL']} failed: {', '.join(sorted(t for t, v in outcome.items() if v == 'FAIL'))}"
     )
-    for name in failed:
-        say(f"  failed: {name}")
+    return outcome
+
+
+def dist_suite(args: argparse.Namespace) -> None:
+    """The suite under torchrun and under mpirun (as tests/torch/test_dist_suite.py runs it), each
+    test's outcome compared."""
+    script = TESTS / "torch_mpi/dist_suite.py"
+    prefixed = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}] "}
+    launcher = torchrun(args.workers, "--tee", "3", TESTS / "torch_mpi/under_torchrun.py", script)
+    got = suite_outcomes(f"torchrun, {args.workers} workers", launcher, args.timeout, **prefixed)
+    mpirun = [str(BIN / "mpirun"), "-n", str(args.workers), "-prepend-rank", sys.executable, "-m", "mpi4py"]
+    want = suite_outcomes(f"mpirun -n {args.workers}", [*mpirun, str(script)], args.timeout)
+    differ = sorted(t for t in set(got) | set(want) if got.get(t) != want.get(t))
+    for test in differ:
+        say(f"  {test}: torchrun {got.get(test, 'not reported')}, mpirun {want.get(test, 'not reported')}")
+    say(
+        f"{len(set(got) | set(want)) - len(differ)} tests with the same outcome under both, {len(differ)} differ"
+    )
+    if differ or not got:
+        raise SystemExit(1)
 
 
 def main() -> None:
