@@ -155,3 +155,22 @@ def test_ranks_not_heard_from_are_named():
     assert s.snapshot()["notes"] == ["silent: rank 1 for 14 s (stopped, stuck, or cut off from this monitor)"]
     s.publish(doc(1, 4.0, event="end"))
     assert s.snapshot()["notes"] == []
+
+
+def test_late_snapshots_of_the_last_run(tmp_path):
+    """Rank 1's last snapshots of a run come after the next run began (its posts queue behind a
+    slow link): the next run's suggestions already count that run, and the late ones do not take
+    the page back to it."""
+    h = hist.History(tmp_path / "h.sqlite")
+    s = MonitorState(h)
+    for t0, run in enumerate(("a", "b")):
+        docs = run_docs(run, 10.0 * t0, "none", 0.2, "1->0")
+        for d in docs[:-3] if run == "b" else docs:  # run b: rank 1's last two and rank 0's end are late
+            s.publish(d)
+    s.publish(run_docs("c", 30.0, "none", 0.2, None)[0])
+    assert h.run("b")["summary"]["slow_links"] == {"1->0": 2} and h.run("b")["status"] == "stopped"
+    text = [x["text"] for x in s.snapshot()["suggestions"]]
+    assert any("link 1->0 was the slow link in 2 of the last 2 runs" in t for t in text), text
+    for d in run_docs("b", 10.0, "none", 0.2, "1->0")[-3:]:
+        s.publish(d)
+    assert s.snapshot()["run"] == "c" and s.late == 3

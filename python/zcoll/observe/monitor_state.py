@@ -58,6 +58,8 @@ class MonitorState:
         self.version = 0
         self.static = False  # a finished run loaded from files
         self.grace = 3.0  # seconds after a run's first snapshot before missing ranks are named
+        self._past: deque = deque(maxlen=100)  # runs replaced by a newer one
+        self.late = 0  # their snapshots that came after that
         self._reset(None)
         self.history_error: str | None = None
 
@@ -86,6 +88,9 @@ class MonitorState:
             raise ValueError("not a zcoll monitor snapshot (format zcoll-monitor/1)")
         rank, run = int(doc["rank"]), str(doc["run"])
         with self.lock:
+            if run in self._past:  # a late snapshot of a run the next one replaced: not back to it
+                self.late += 1
+                return
             if run != self.run:
                 self._new_run(run)
             r = self.ranks.setdefault(rank, {"publishes": 0})
@@ -107,7 +112,12 @@ class MonitorState:
         self._record(doc)
 
     def _new_run(self, run: str) -> None:
-        if self.run is not None and self.history is not None:
+        """The previous run's summary as it stands (its last snapshots may still be on their way,
+        through a slow link: the next run's suggestions must see it), then a fresh state."""
+        if self.run is not None:
+            self._past.append(self.run)
+        if self.run is not None and self.history is not None and not self.static:
+            self._safe(self.history.update, self.run, self.summary())
             self._safe(self.history.finish, self.run, "finished" if self.ended else "stopped")
         self._reset(run)
         self.static = False
