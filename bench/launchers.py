@@ -71,6 +71,7 @@ _STARTUP = re.compile(r"ZCOLL-STARTUP backend=(\S+) rank=(\d+) import=([\d.]+) i
 
 def startup(args: argparse.Namespace) -> None:
     rows = {}  # (n, backend) -> lists of wall, init, first
+    loads = []  # the 1-minute load average after each run
     with open("/tmp/zcoll-bench.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for rep in range(args.repeats):
@@ -85,12 +86,15 @@ def startup(args: argparse.Namespace) -> None:
                     init = max(float(f[3]) - float(f[2]) for f in found)
                     first = max(float(f[4]) for f in found)
                     rows.setdefault((n, backend), []).append((wall, init, first))
+                    loads.append(os.getloadavg()[0])
                     say(
                         f"[{rep + 1}/{args.repeats}] {n} workers {backend}: torchrun {wall:.2f} s, "
-                        f"init_process_group {init:.3f} s, script start to first allreduce {first:.2f} s"
+                        f"init_process_group {init:.3f} s, script start to first allreduce {first:.2f} s "
+                        f"(load {loads[-1]:.1f})"
                     )
+    say(f"\nload average (1 min) after the runs: {min(loads):.1f}-{max(loads):.1f}")
     say(
-        "\n| workers | backend | torchrun command, s | init_process_group, s | script start to first allreduce, s |"
+        "| workers | backend | torchrun command, s | init_process_group, s | script start to first allreduce, s |"
     )
     say("|---|---|---|---|---|")
     for (n, backend), vals in sorted(rows.items()):
