@@ -19,6 +19,7 @@ Capabilities capabilities_of(Communicator& comm) {
   // Equal nodes only: the fold of unequal ones is serial, and a node of many extras can lose
   // more than the link saves (docs/algorithms.md).
   caps.node_hierarchy = comm.node_count() > 1 && comm.ranks_per_node() > 1;
+  caps.nodes = comm.node_count();
   caps.topology = comm.topology().known();
   caps.ordered_ring_gain = caps.topology ? comm.topology().ring_gain : 1.0;
   return caps;

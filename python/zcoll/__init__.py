@@ -11,6 +11,7 @@ Subpackages by concern; each imports only those before it (tests/test_layers.py 
     q = zcoll.GradientQuantizer(bits=8)     # compressed: int8 codes + scales on the wire
     comm.allreduce(grad, op="avg", out=grad, compression=q, key="grad")
 """
+
 from . import _C
 from ._C import BrokenError, MismatchError, RankLostError, TimeoutError, ZcollError
 from .compression import (
@@ -37,15 +38,24 @@ def choose_algorithm(
     oversubscribed: bool = False,
     node_hierarchy: bool = False,
     ordered_ring_gain: float = 1.0,
+    nodes: int = 0,
 ) -> str:
     """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
 
     shared_memory: every rank on one node; oversubscribed: more ranks than cores on a node
     (then MPI's own collectives busy-spin and are never picked); node_hierarchy: several nodes
     with the same number (> 1) of ranks each; ordered_ring_gain: how many times faster the
-    slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain)."""
+    slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain);
+    nodes: how many nodes with node_hierarchy (0: not known, answered as for few nodes)."""
     return _C.choose_allreduce_algorithm(
-        nbytes, ranks, not oversubscribed, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain
+        nbytes,
+        ranks,
+        not oversubscribed,
+        shared_memory,
+        oversubscribed,
+        node_hierarchy,
+        ordered_ring_gain,
+        nodes,
     )
 
 

@@ -170,3 +170,24 @@ def test_the_formula_reader():
     assert to_python("log2 p' (alpha + S beta)") == "log2(p_prime) * ( alpha + S * beta )"
     v = variables(1000, 6, 1, 1.0, 1.0, 1.0)
     assert evaluate("2 log2 p' alpha + fold", v) == 2 * 2 + (2 + 2000 + 1000)
+
+
+def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
+    """auto's rule 5 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an unknown
+    count) hierarchical at every size; on more, only up to ranks x 4 KiB, the ring above."""
+
+    def pick(nbytes, ranks, nodes):
+        return zcoll.choose_algorithm(nbytes, ranks, shared_memory=False, node_hierarchy=True, nodes=nodes)
+
+    for nodes in (0, 2):
+        assert pick(64 << 20, 8 if nodes else 4, nodes) == "hierarchical"
+    for ranks, nodes in ((64, 8), (256, 32), (1024, 128)):
+        limit = ranks * 4096
+        assert pick(limit, ranks, nodes) == "hierarchical", (ranks, nodes)
+        assert pick(limit + 4, ranks, nodes) == "ring", (ranks, nodes)
+        assert pick(4096, ranks, nodes) == "recursive_doubling", (ranks, nodes)
+    # a measured ring order still beats rank order's ring where hierarchical does not apply
+    many = zcoll.choose_algorithm(
+        16 << 20, 64, shared_memory=False, node_hierarchy=True, nodes=8, ordered_ring_gain=4.0
+    )
+    assert many == "ordered_ring"
