@@ -45,7 +45,8 @@ from zcoll.tools.proc import run_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM_DIR = Path(__file__).resolve().parent / "smpi_platforms"
-ALGORITHMS = ["ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"]
+ALGORITHMS = ["ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical", "ordered_ring"]
+QUICK = ALGORITHMS[:5]  # the CI smoke test: no probe file
 SELECTORS = ["mpich", "ompi", "default"]
 CLUSTERS = ["fattree", "fattree_2to1", "dragonfly"]
 STARS = ["star_slow_node", "star_slow_link"]
@@ -64,6 +65,15 @@ SMPI_CFG = [
     "--cfg=network/TCP-gamma:0",
     "--cfg=network/crosstraffic:0",
     "--cfg=smpi/test:1e-7",
+    # the collectives zcoll's set-up calls (MPI_Allgather, MPI_Comm_dup, ...) as Open MPI runs
+    # them, but with a plain binomial bcast and Bruck's allgather: SMPI's default allgather posts
+    # p^2 requests and waits on them one by one, O(p^3) host time, and its SMP-aware bcasts
+    # (MPICH's, MVAPICH's) first map the nodes of every new communicator with a p-step ring
+    # allgather (hours at 1,024 ranks). Timing is unaffected: the benchmark synchronises
+    # with zcoll's own barrier, and every run names its MPI_Allreduce explicitly (smpi/allreduce)
+    "--cfg=smpi/coll-selector:ompi",
+    "--cfg=smpi/bcast:binomial_tree",  # not SMP-aware: no p-step node map per new communicator
+    "--cfg=smpi/allgather:bruck",
     "--log=root.thresh:critical",
 ]
 SIM_ENV = {"ZCOLL_SHM": "0", "ZCOLL_FLIGHT_RECORDER": "0", "ZCOLL_TELEMETRY": "0", "ZCOLL_TIMEOUT": "0"}
@@ -117,44 +127,51 @@ def platform_file(name: str, work: Path, nodes: int) -> Path:
     return path
 
 
-def simulate(args, platform: str, ranks: int, per_node: int, bench_args: list, cfg: list, env: dict):
-    """One smpirun; returns the perf_table rows of its CSV (or raises with the output's tail)."""
+def hostfile_lines(nodes: int, per_node: int) -> str:
+    return "".join(f"node-{n}:{per_node}\n" for n in range(nodes))
+
+
+def topology_file(work: Path, platform: str, ranks: int, per_node: int) -> Path:
+    """A probe.json (zcoll-probe/1, what `zcoll probe` writes) with the platform's nominal link
+    rates, for ordered_ring (ZCOLL_TOPOLOGY): 20 GB/s within a node, 12.5 GB/s across, the slow
+    link's route SLOW x slower. What a probe would measure on an idle platform."""
+    node_of = [r // per_node for r in range(ranks)]
+    bw = []
+    for i in range(ranks):
+        row = []
+        for j in range(ranks):
+            a, b = node_of[i], node_of[j]
+            rate = None if i == j else LOOP_BPS if a == b else LINK_BPS
+            if platform == "star_slow_link" and (a, b) == (1, 2):
+                rate = LINK_BPS / SLOW
+            if platform == "star_slow_node" and a != b and 1 in (a, b):
+                rate = LINK_BPS / SLOW
+            row.append(rate)
+        bw.append(row)
+    path = work / f"probe-{platform}-{ranks}x{per_node}.json"
+    path.write_text(
+        json.dumps(
+            {"format": "zcoll-probe/1", "size": ranks, "node_of": node_of, "bandwidth_bytes_per_s": bw}
+        )
+    )
+    return path
+
+
+def simulate(
+    args, platform: str, ranks: int, per_node: int, bench_args: list, cfg: list, env: dict, sizes=None
+):
+    """One smpirun; returns (the perf_table rows of its CSV, wall seconds), or raises
+    RuntimeError with the output's tail (TimeoutError past args.timeout). sizes: (min, max)."""
     nodes = ranks // per_node
     work = Path(args.work)
     hostfile = work / f"hosts-{nodes}x{per_node}"
-    hostfile.write_text("".join(f"node-{n}:{per_node}\n" for n in range(nodes)))
+    hostfile.write_text(hostfile_lines(nodes, per_node))
     out_csv = work / f"{platform}-{ranks}-{time.time_ns()}.csv"
-    cmd = [
-        "nice",
-        "-n",
-        "10",
-        "smpirun",
-        "-no-privatize",
-        "-np",
-        str(ranks),
-        "-platform",
-        str(platform_file(platform, work, max(nodes, 2))),
-        "-hostfile",
-        str(hostfile),
-        *SMPI_CFG,
-        *cfg,
-        str(Path(args.binary).resolve()),
-        "-c",
-        "0",
-        "-n",
-        "1",
-        "-w",
-        str(args.warmup),
-        "-b",
-        args.min_size,
-        "-e",
-        args.max_size,
-        "-f",
-        "4",
-        "--csv",
-        str(out_csv),
-        *bench_args,
-    ]
+    lo, hi = sizes or (args.min_size, args.max_size)
+    cmd = ["nice", "-n", str(args.nice), "smpirun", "-no-privatize", "-np", str(ranks)]
+    cmd += ["-platform", str(platform_file(platform, work, max(nodes, 2))), "-hostfile", str(hostfile)]
+    cmd += [*SMPI_CFG, *cfg, str(Path(args.binary).resolve()), "-c", "0", "-n", "1", "-w", str(args.warmup)]
+    cmd += ["-b", str(lo), "-e", str(hi), "-f", str(args.factor), "--csv", str(out_csv), *bench_args]
     start = time.time()
     # smpirun writes temporary files into its working directory
     done, timed_out = run_tree(cmd, {**os.environ, **SIM_ENV, **env}, args.timeout, cwd=work)
@@ -162,17 +179,33 @@ def simulate(args, platform: str, ranks: int, per_node: int, bench_args: list, c
     if timed_out or done.returncode != 0 or not out_csv.exists():
         tail = "\n".join(done.output.splitlines()[-15:])
         why = f"over {args.timeout:.0f} s of wall time" if timed_out else f"exit {done.returncode}"
-        raise RuntimeError(f"{platform} x {ranks} ranks: {why}\n{' '.join(cmd)}\n{tail}")
+        error = TimeoutError if timed_out else RuntimeError
+        raise error(f"{platform} x {ranks} ranks: {why}\n{' '.join(cmd)}\n{tail}")
     rows = perf_table.read_csv(out_csv)
     out_csv.unlink()
     return rows, wall
+
+
+def size_list(args) -> list:
+    """The sizes zcoll_allreduce_perf runs for -b/-e/-f (float32 elements, as bench/harness.cc)."""
+    out, b = [], float(parse_size(args.min_size))
+    while b <= parse_size(args.max_size) * 1.0000001:
+        out.append(max(int(b) // 4, 1) * 4)
+        b *= args.factor
+    return out
+
+
+def parse_size(text: str) -> int:
+    text = str(text).strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
 
 
 def done_cells(path: Path) -> set:
     if not path.exists():
         return set()
     with path.open() as f:
-        return {(r["platform"], int(r["ranks"]), r["algorithm"]) for r in csv.DictReader(f)}
+        return {(r["platform"], int(r["ranks"]), r["algorithm"], int(r["size"])) for r in csv.DictReader(f)}
 
 
 def append(path: Path, platform: str, ranks: int, per_node: int, rows, rename=None) -> None:
@@ -188,32 +221,94 @@ def append(path: Path, platform: str, ranks: int, per_node: int, rows, rename=No
             )
 
 
+WALL_FIELDS = ["platform", "ranks", "job", "sizes", "wall_s", "status", "when"]
+
+
+def log_wall(args, platform: str, ranks: int, job: str, sizes: tuple, wall: float, status: str) -> None:
+    """One line per smpirun in --wall-csv: what the host spent simulating it (status ok, timeout
+    or failed), so the cost of each scale can be stated and a cell too slow to run named."""
+    path = Path(args.wall_csv)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(WALL_FIELDS)
+        span = fmt_size(sizes[0]) + ("" if sizes[0] == sizes[1] else f"-{fmt_size(sizes[1])}")
+        w.writerow([platform, ranks, job, span, f"{wall:.1f}", status, time.strftime("%Y-%m-%d %H:%M")])
+
+
+def plan(args, platform: str, ranks: int) -> list:
+    """The smpiruns a cell still needs: (label, algorithms, selector, sizes, env). Below
+    --split-from ranks one run per kind over every size; from it, one per algorithm and size
+    (every kind's smallest size first), so each costs its own wall time and an interrupted sweep
+    loses little."""
+    have = done_cells(Path(args.csv))
+    sizes = size_list(args)
+    kinds = [(a, None) for a in args.algorithms if a != "ordered_ring"]
+    if "ordered_ring" in args.algorithms and ranks <= args.ordered_max_ranks:
+        kinds.append(("ordered_ring", None))
+    kinds += [("mpi", s) for s in args.selectors]
+    jobs = []
+    for algo, selector in kinds:
+        name = f"mpi:{selector}" if selector else algo
+        missing = [s for s in sizes if (platform, ranks, name, s) not in have]
+        if not missing:
+            continue
+        spans = [(s, s) for s in missing] if ranks >= args.split_from else [(min(missing), max(missing))]
+        jobs += [(name, algo, selector, span) for span in spans]
+    if ranks >= args.split_from:  # every kind's small sizes before any kind's large ones
+        return sorted(jobs, key=lambda j: j[3][0])
+    if ranks < args.split_from:  # the plain zcoll algorithms of one scale share one run
+        plain = [j for j in jobs if j[2] is None and j[1] != "ordered_ring"]
+        if plain:
+            span = (min(j[3][0] for j in plain), max(j[3][1] for j in plain))
+            joined = ",".join(j[1] for j in plain)
+            jobs = [(joined, joined, None, span)] + [j for j in jobs if j not in plain]
+    return jobs
+
+
+def run_job(args, platform: str, ranks: int, job: tuple) -> str:
+    name, algos, selector, span = job
+    env = {}
+    if algos == "ordered_ring":
+        env["ZCOLL_TOPOLOGY"] = str(topology_file(Path(args.work), platform, ranks, args.per_node))
+    # zcoll_allreduce_perf always adds an "mpi" row: in zcoll's runs it is the cheapest selector
+    # to simulate (--reference), and dropped
+    cfg = [f"--cfg=smpi/allreduce:{selector or args.reference}"]
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {platform} {ranks} ranks: {name} "
+        f"{fmt_size(span[0])}-{fmt_size(span[1])} ...",
+        flush=True,
+    )
+    try:
+        rows, wall = simulate(args, platform, ranks, args.per_node, ["-a", algos], cfg, env, span)
+    except TimeoutError as e:
+        log_wall(args, platform, ranks, name, span, args.timeout, "timeout")
+        print(f"  TIMEOUT: {str(e).splitlines()[0]}", flush=True)
+        return "timeout"
+    except RuntimeError as e:
+        log_wall(args, platform, ranks, name, span, 0.0, "failed")
+        print(f"  FAILED: {e}", flush=True)
+        return "failed"
+    keep = [r for r in rows if (r.algorithm != "mpi") == (selector is None)]
+    append(Path(args.csv), platform, ranks, args.per_node, keep, {"mpi": f"mpi:{selector}"})
+    log_wall(args, platform, ranks, name, span, wall, "ok")
+    print(f"  {len(keep)} rows in {wall:.0f} s of wall time", flush=True)
+    return "ok"
+
+
 def sweep(args) -> None:
-    path = Path(args.csv)
+    """Every platform x scale; past a timeout, the larger sizes of that kind are not tried (each
+    costs more wall time than the one before)."""
     for platform in args.platforms:
         for ranks in args.scales:
-            have = done_cells(path)
-            jobs = [(None, [a for a in args.algorithms if (platform, ranks, a) not in have])]
-            jobs += [(s, ["mpi"]) for s in args.selectors if (platform, ranks, f"mpi:{s}") not in have]
-            for selector, algos in jobs:
-                if not algos:
+            given_up = set()
+            for job in plan(args, platform, ranks):
+                if job[0] in given_up:
+                    log_wall(args, platform, ranks, job[0], job[3], 0.0, "skipped")
                     continue
-                cfg = [f"--cfg=smpi/allreduce:{selector or 'default'}"]
-                print(
-                    f"[{time.strftime('%H:%M:%S')}] {platform} {ranks} ranks: "
-                    f"{selector and 'MPI_Allreduce ' + selector or ','.join(algos)} ...",
-                    flush=True,
-                )
-                try:
-                    rows, wall = simulate(
-                        args, platform, ranks, args.per_node, ["-a", ",".join(algos)], cfg, {}
-                    )
-                except RuntimeError as e:
-                    print(f"  FAILED: {e}", flush=True)
-                    continue
-                keep = [r for r in rows if (r.algorithm != "mpi") == (selector is None)]
-                append(path, platform, ranks, args.per_node, keep, {"mpi": f"mpi:{selector}"})
-                print(f"  {len(keep)} rows in {wall:.0f} s of wall time", flush=True)
+                if run_job(args, platform, ranks, job) != "ok":
+                    given_up.add(job[0])
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -242,6 +337,7 @@ def auto_choice(size: int, ranks: int, per_node: int) -> str:
         shared_memory=False,
         oversubscribed=False,
         node_hierarchy=per_node > 1 and ranks > per_node,
+        nodes=max(ranks // per_node, 1),
     )
 
 
@@ -263,7 +359,7 @@ def auto_rows(table: dict, per_node: int) -> list:
     out = []
     for (platform, ranks), cell in sorted(table.items()):
         zc = {a: t for a, t in cell.items() if not a.startswith("mpi:")}
-        for size in sorted(next(iter(cell.values()))):
+        for size in sorted({s for series in cell.values() for s in series}):
             times = {a: t[size] for a, t in zc.items() if size in t}
             if not times:
                 continue
@@ -364,22 +460,48 @@ def report(args) -> None:
     print("|---|---|---|---|---|---|---|")
     for (platform, ranks), cell in sorted(table.items()):
         for size in sorted(cell.get("ring", {})):
-            if size < 1 << 20 or "hierarchical" not in cell or size not in cell["hierarchical"]:
+            if "hierarchical" not in cell or size not in cell["hierarchical"]:
                 continue
             ring = cell["ring"][size]
-            comp = [compressed_us(cell, size, r) for r in COMPRESSED.values()]
+            comp = [compressed_us(cell, size, r) if size >= 1 << 20 else None for r in COMPRESSED.values()]
             cols = " | ".join(f"{ring / c:.2f}x" if c else "-" for c in comp)
             print(
                 f"| {platform} | {ranks} | {fmt_size(size)} | {cell['hierarchical'][size] / ring:.2f} | {cols} |"
             )
+    wall_report(Path(args.wall_csv))
+
+
+def wall_report(path: Path) -> None:
+    """Wall time of the simulations per platform and scale (--wall-csv), and what did not finish."""
+    if not path.exists():
+        return
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    print("\n### wall time of the simulation on this host\n")
+    print("| platform | ranks | smpiruns | wall s (ok) | slowest run | not finished |")
+    print("|---|---|---|---|---|---|")
+    for platform, ranks in sorted({(r["platform"], int(r["ranks"])) for r in rows}):
+        mine = [r for r in rows if r["platform"] == platform and int(r["ranks"]) == ranks]
+        ok = [r for r in mine if r["status"] == "ok"]
+        slow = max(ok, key=lambda r: float(r["wall_s"]), default=None)
+        slowest = f"{slow['job']} {slow['sizes']}: {float(slow['wall_s']):.0f} s" if slow else "-"
+        bad = "; ".join(
+            f"{r['job']} {r['sizes']} ({r['status']} {float(r['wall_s']):.0f} s)"
+            for r in mine
+            if r["status"] != "ok"
+        )
+        print(
+            f"| {platform} | {ranks} | {len(ok)} | {sum(float(r['wall_s']) for r in ok):.0f} "
+            f"| {slowest} | {bad or '-'} |"
+        )
 
 
 # ---- diagnose and quick -------------------------------------------------------------------------
 
 
 def diagnose_one(args, platform: str, ranks: int) -> diagnose.Verdict:
-    """zcoll's link telemetry gathered inside the simulation (one rank per node; ring,
-    halving-doubling and recursive doubling, 1-16 MiB), judged by the classifier comm.diagnose()
+    """zcoll's link telemetry gathered inside the simulation (--diagnose-per-node ranks per node;
+    the traffic of --diagnose-algorithms at 1-16 MiB), judged by the classifier comm.diagnose()
     uses (one window, no hysteresis)."""
     path = Path(args.work) / f"linkstats-{platform}.json"
     saved = (args.min_size, args.max_size)
@@ -389,9 +511,9 @@ def diagnose_one(args, platform: str, ranks: int) -> diagnose.Verdict:
             args,
             platform,
             ranks,
-            1,
-            ["-a", "ring,halving_doubling,recursive_doubling", "--link-stats", str(path)],
-            [],
+            args.diagnose_per_node,
+            ["-a", args.diagnose_algorithms, "--link-stats", str(path)],
+            [f"--cfg=smpi/allreduce:{args.reference}"],
             {"ZCOLL_TELEMETRY": "1"},
         )
     finally:
@@ -405,13 +527,13 @@ def run_diagnose(args) -> int:
     failures = 0
     for platform, want in expected.items():
         verdict = diagnose_one(args, platform, 16)
-        got = verdict.label
+        got, k = verdict.label, args.diagnose_per_node  # in nodes: ranks are packed k per node
         if verdict.label == "slow node":
-            got += f" {verdict.node}"
+            got += f" {verdict.rank // k}"
         if verdict.label == "slow link":
-            got += f" {verdict.link[0]}->{verdict.link[1]}"
+            got += f" {verdict.link[0] // k}->{verdict.link[1] // k}"
         failures += got != want
-        print(f"{platform}: {got} (expected {want}): {verdict.evidence}", flush=True)
+        print(f"{platform}: {got} (expected {want}; nodes of {k} ranks): {verdict}", flush=True)
     return 1 if failures else 0
 
 
@@ -419,7 +541,9 @@ def run_quick(args) -> int:
     """One 64-rank cell (8 nodes x 8) on the healthy star: every algorithm runs in the simulation
     and the large sizes reach the link: ring's busbw within 60-100% of one link's bandwidth."""
     args.min_size, args.max_size = "64K", "4M"
-    rows, wall = simulate(args, "star", 64, 8, ["-a", ",".join(ALGORITHMS)], [], {})
+    rows, wall = simulate(
+        args, "star", 64, 8, ["-a", ",".join(QUICK)], [f"--cfg=smpi/allreduce:{args.reference}"], {}
+    )
     for r in rows:
         print(f"{r.algorithm:>20} {r.size:>9} {r.time_us:12.1f} us {r.busbw_gbs:8.3f} GB/s", flush=True)
     ring = max((r for r in rows if r.algorithm == "ring"), key=lambda r: r.size)
@@ -427,7 +551,7 @@ def run_quick(args) -> int:
     print(
         f"64 ranks simulated in {wall:.1f} s of wall time; ring at {ring.size} bytes: {share:.0%} of the link"
     )
-    missing = set(ALGORITHMS) - {r.algorithm for r in rows}
+    missing = set(QUICK) - {r.algorithm for r in rows}
     if missing or not 0.6 <= share <= 1.0:
         print(
             f"FAILED: missing {sorted(missing)}" if missing else "FAILED: ring's busbw is off the link rate"
@@ -452,8 +576,38 @@ def parse_args(argv):
     p.add_argument("--per-node", type=int, default=8, help="ranks per node (default 8)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS), help="zcoll algorithms (default all)")
     p.add_argument("--selectors", default=",".join(SELECTORS), help="SMPI MPI_Allreduce selectors")
-    p.add_argument("--min-size", default="4K", help="smallest size (default 4K; sizes step x4)")
+    p.add_argument("--min-size", default="4K", help="smallest size (default 4K)")
     p.add_argument("--max-size", default="256M", help="largest size (default 256M)")
+    p.add_argument("--factor", type=float, default=4, help="size step (default 4: 4K, 16K, ...)")
+    p.add_argument(
+        "--split-from",
+        type=int,
+        default=256,
+        help="from this many ranks, one smpirun per algorithm and size, smallest first; after a "
+        "timeout the larger sizes of that algorithm are skipped (default 256)",
+    )
+    p.add_argument(
+        "--reference",
+        default="rdb",
+        help="SMPI selector of the MPI row zcoll_allreduce_perf always adds, dropped from zcoll's runs "
+        "(default rdb: the cheapest to simulate)",
+    )
+    p.add_argument(
+        "--ordered-max-ranks",
+        type=int,
+        default=64,
+        help="ordered_ring only up to this many ranks: every simulated rank parses the p x p probe "
+        "and searches the ring order, O(p^3) in all (default 64)",
+    )
+    p.add_argument(
+        "--diagnose-algorithms",
+        default="ring,halving_doubling,recursive_doubling",
+        help="the traffic --diagnose judges (default ring,halving_doubling,recursive_doubling)",
+    )
+    p.add_argument(
+        "--diagnose-per-node", type=int, default=1, help="ranks per node in --diagnose's 16 (default 1)"
+    )
+    p.add_argument("--nice", type=int, default=19, help="niceness of the simulations (default 19)")
     p.add_argument(
         "--warmup",
         type=int,
@@ -463,6 +617,11 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=1800, help="wall seconds per smpirun (default 1800)")
     p.add_argument(
         "--csv", default=str(ROOT / "docs/scale.csv"), help="results (appended; default docs/scale.csv)"
+    )
+    p.add_argument(
+        "--wall-csv",
+        default=str(ROOT / "docs/scale-wall.csv"),
+        help="wall time of every smpirun (appended; default docs/scale-wall.csv)",
     )
     p.add_argument("--plots", default=str(ROOT / "docs"), help="where --report writes scale-<ranks>.png")
     p.add_argument("--work", default=None, help="scratch directory (default a temporary one)")

@@ -21,7 +21,15 @@ BUILD = ROOT / "build" / "smpi"
 def test_help():
     rc, out = run([sys.executable, SCRIPT, "--help"], timeout=60)
     assert rc == 0, out
-    for flag in ("--quick", "--diagnose", "--report", "--scales", "--platforms", "--selectors"):
+    for flag in (
+        "--quick",
+        "--diagnose",
+        "--report",
+        "--scales",
+        "--platforms",
+        "--selectors",
+        "--split-from",
+    ):
         assert flag in out, f"{flag} missing from --help:\n{out}"
 
 
