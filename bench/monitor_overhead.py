@@ -3,7 +3,7 @@
 without, interleaved in one job.
 
 One MPI job (this file with --job) trains --blocks blocks of --steps steps; the blocks alternate
-between "on" (mon.step() after every step: the telemetry windows about every --period seconds,
+between "on" (mon.step() after every step: the telemetry windows about every --window seconds,
 the publisher thread POSTing snapshots to a monitor served by this process) and "off" (no call;
 the publisher thread sleeps on its queue), in an order shuffled per pair of blocks. A step:
 
@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--compute-ms", type=float, default=20.0, help="plain: compute per step (default 20 ms)")
     p.add_argument("--period", type=float, default=1.0, help="the monitor's period in seconds (default 1)")
+    p.add_argument("--window", type=float, default=0.25,
+                   help="its telemetry window in seconds (default 0.25, LiveMonitor's)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the blocks and the summary here")
     p.add_argument("--timeout", type=float, default=900.0)
@@ -109,7 +111,7 @@ def job(args: argparse.Namespace) -> int:
     from zcoll.observe.live import LiveMonitor
 
     target, step, slowest, opt, done = (_plain if args.mode == "plain" else _ddp)(args)
-    mon = LiveMonitor(target, args.url, period=args.period)
+    mon = LiveMonitor(target, args.url, period=args.period, window=args.window)
     rng = random.Random(args.seed)
     order = []
     for _ in range(args.blocks // 2):
