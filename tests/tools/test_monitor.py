@@ -4,7 +4,6 @@ loopback, a corrupt history file, a directory with nothing to show."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import sys
@@ -22,8 +21,16 @@ pytest.importorskip(
 )
 parser = pytest.importorskip("prometheus_client.parser", reason="pip install 'zcoll[monitor]'")
 monitor_server = pytest.importorskip("zcoll.tools.monitor_server")
-monitor_command = pytest.importorskip("zcoll.tools.monitor_command")
+cli = pytest.importorskip("zcoll.tools.cli")
 ZCOLL = [sys.executable, "-m", "zcoll.tools.cli"]
+
+
+def zcoll(capsys, *argv):
+    """`zcoll ARGV` in this process (the entry point's own parser and function; no interpreter
+    start per call): (exit status, stdout + stderr). Only for commands that return at once."""
+    rc = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
 
 
 def snapshot_doc(rank, run="r1", event=None):
@@ -94,20 +101,20 @@ def test_help():
         assert rc == 0 and words in out, out
 
 
-def test_port_in_use_and_off_loopback(tmp_path):
+def test_port_in_use_and_off_loopback(tmp_path, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        rc, out = run([*ZCOLL, "monitor", "--port", str(port), "--no-history"], timeout=60)
+        rc, out = zcoll(capsys, "monitor", "--port", port, "--no-history")
     assert rc == 2 and f"port {port} on 127.0.0.1 is in use" in out, out
-    rc, out = run([*ZCOLL, "monitor", "--host", "0.0.0.0", "--no-history"], timeout=60)
+    rc, out = zcoll(capsys, "monitor", "--host", "0.0.0.0", "--no-history")
     assert rc == 2 and "refusing to listen on 0.0.0.0" in out, out
-    rc, out = run([*ZCOLL, "monitor", "--host", "0.0.0.0", "--public", "--no-history"], timeout=60)
+    rc, out = zcoll(capsys, "monitor", "--host", "0.0.0.0", "--public", "--no-history")
     assert rc == 2 and "needs a token" in out, out
 
 
-def test_corrupt_history_and_a_finished_run(tmp_path):
+def test_corrupt_history_and_a_finished_run(tmp_path, capsys):
     bad = tmp_path / "h.sqlite"
     bad.write_bytes(b"garbage" * 1000)
     rc, out = run([*ZCOLL, "monitor", "--port", "0", "--history", str(bad), "--duration", "1"], timeout=60)
@@ -117,11 +124,11 @@ def test_corrupt_history_and_a_finished_run(tmp_path):
         and "going on without a history" in out
         and "http://127.0.0.1:" in out
     )
-    rc, out = run([*ZCOLL, "monitor", str(tmp_path), "--port", "0", "--duration", "1"], timeout=60)
+    rc, out = zcoll(capsys, "monitor", tmp_path, "--port", "0", "--duration", "1")  # refused before serving
     assert rc == 2 and "no step traces" in out, out
 
 
-def test_history_command(tmp_path):
+def test_history_command(tmp_path, capsys):
     path = tmp_path / "h.sqlite"
     h = hist.History(path)
     for name, t, method, step in (("20260101-a", 100.0, "none", 0.050), ("20260101-b", 200.0, "int8", 0.030)):
@@ -129,22 +136,18 @@ def test_history_command(tmp_path):
         h.update(name, {"step_s": step, "exposed_s": step / 2, "verdict": "healthy"}, t=t)
         h.finish(name, t=t + 1)
     h.close()
-    rc, out = run([*ZCOLL, "history", "--history", str(path)], timeout=60)
+    rc, out = zcoll(capsys, "history", "--history", path)
     assert rc == 0 and out.index("20260101-b") < out.index("20260101-a") and "50.0" in out, out
-    rc, out = run([*ZCOLL, "history", "show", "20260101-b", "--history", str(path)], timeout=60)
+    rc, out = zcoll(capsys, "history", "show", "20260101-b", "--history", path)
     assert rc == 0 and "int8 saved 40% of the step on this model" in out, out
-    rc, out = run(
-        [*ZCOLL, "history", "compare", "20260101-a", "20260101-b", "--history", str(path)], timeout=60
-    )
+    rc, out = zcoll(capsys, "history", "compare", "20260101-a", "20260101-b", "--history", path)
     assert rc == 0 and "(0.60x)" in out, out
-    rc, out = run([*ZCOLL, "history", "show", "2026", "--history", str(path)], timeout=60)
+    rc, out = zcoll(capsys, "history", "show", "2026", "--history", path)
     assert rc == 2 and "no single run matches 2026" in out, out
 
 
 def test_history_command_on_a_corrupt_file(tmp_path, capsys):
     bad = tmp_path / "h.sqlite"
     bad.write_bytes(b"garbage" * 1000)
-    args = argparse.Namespace(action="list", runs=[], history=str(bad), n=20)
-    assert monitor_command.history(args) == 2
-    err = capsys.readouterr().err
-    assert f"the history file {bad} cannot be used" in err and "move it aside" in err, err
+    rc, out = zcoll(capsys, "history", "--history", bad)
+    assert rc == 2 and f"the history file {bad} cannot be used" in out and "move it aside" in out, out
