@@ -168,17 +168,9 @@ def classify(
     ]
     details = {"slowness": slowness.tolist(), "gbps": stats.gbps.tolist()}
     if not slow:
-        # A link is slow only against others of its tier; with fewer than two that carried
-        # enough (2 ranks on one node: one link each way, often one busy), there is no yardstick.
-        links = (
-            f"no link slower than {t.link_threshold:g}x its tier (slowest {np.nanmax(slowness):.2f}x)"
-            if np.isfinite(slowness).any()
-            else "no tier has two links that carried enough to compare"
-        )
+        links = _no_slow_link(slowness, t)
         return Verdict(
-            "healthy",
-            evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), {links}",
-            details=details,
+            "healthy", evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), {links}", details=details
         )
 
     def rate(i: int, j: int) -> str:
@@ -226,6 +218,15 @@ def _late_rank(stats: LinkStats, t: Thresholds) -> Optional[Verdict]:
             },
         )
     return None
+
+
+def _no_slow_link(slowness: np.ndarray, t: Thresholds) -> str:
+    """The healthy verdict's word on links. A link is slow only against others of its tier; with
+    fewer than two that carried enough (2 ranks on one node: one link each way, often one busy),
+    there is no yardstick."""
+    if not np.isfinite(slowness).any():
+        return "no tier has two links that carried enough to compare"
+    return f"no link slower than {t.link_threshold:g}x its tier (slowest {np.nanmax(slowness):.2f}x)"
 
 
 def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[np.ndarray, np.ndarray]:
