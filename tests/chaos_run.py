@@ -34,8 +34,12 @@ committed checkpoint may ever be corrupt.
 
 Seconds lost per fault: from the fault to the moment a later launch is back at the step the run
 had reached when the fault hit, or to the next fault if that comes first (the losses of a fault
-within a recovery then add up to the run's). Recovery is restart (`zcoll run`); in-place shrink
-(ULFM, docs/recovery.md) would be a second recovery mode driving the same plan.
+within a recovery then add up to the run's). Recovery is restart (`zcoll run`).
+
+    python tests/chaos_run.py --recovery shrink [its options]   # in-place recovery instead
+
+runs tests/chaos_shrink.py (ULFM shrink with zcoll.torch.elastic.ElasticLoop on Open MPI: final
+quality within a tolerance of a fault-free run's, not bit-identical; its --help says more).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import chaos_shrink
 from mpi_util import ROOT, TESTS_DIR, job_env
 from zcoll.core import checkpoint_files
 from zcoll.tools.proc import kill_tree, run_tree
@@ -430,6 +435,12 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         help="seconds without progress that make a hang (default: start-up deadline + 4 timeouts + 30)",
     )
     p.add_argument("--out", type=Path, default=None, help="where the results go (default build/chaos/<time>)")
+    p.add_argument(
+        "--recovery",
+        choices=("restart", "shrink"),
+        default="restart",
+        help="shrink (first argument): the in-place chaos run, tests/chaos_shrink.py, with its own options",
+    )
     args = p.parse_args(argv)
     if args.stall is None:
         args.stall = args.startup_deadline + 4 * args.timeout + 30
@@ -439,6 +450,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["--recovery", "shrink"]:
+        return chaos_shrink.main(argv[2:])
     args = options(argv)
     plan = parse_plan(args.plan) if args.plan else make_plan(args.faults, args.seed)
     out = args.out or ROOT / "build" / "chaos" / time.strftime("%Y%m%d-%H%M%S")
