@@ -227,6 +227,7 @@ class Watch:
         the push that brought it and drew it: seconds after arm()."""
         sent = [v["t"] for v in self.state.snapshot()["verdicts"] if (v.get("who") or "") == self.who]
         page = driver.execute_script("return document.getElementById('verdict').dataset")
+        cost = driver.execute_script("return document.body.dataset")
 
         def after(t: float | None) -> str:
             return f"{t - self.since:.2f}" if t and t >= self.since else "-"
@@ -236,7 +237,8 @@ class Watch:
 
         return (f"rank 0 sent it after {after(sent[-1] if sent else None)} s, the monitor held it after "
                 f"{after(self.seen)} s, the page got the push after {after(ms('pushedAt'))} s and drew the "
-                f"verdict and the hotspot after {after(ms('drawnAt'))} s")  # fmt: skip
+                f"verdict and the hotspot after {after(ms('drawnAt'))} s; the page's last draws: verdict "
+                f"{cost.get('renderMs', '-')} ms, charts {cost.get('slowMs', '-')} ms")  # fmt: skip
 
 
 def inject(args: argparse.Namespace, bed: Bed) -> int:
