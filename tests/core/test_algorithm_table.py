@@ -173,8 +173,9 @@ def test_the_formula_reader():
 
 
 def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
-    """auto's rule 5 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an unknown
-    count) hierarchical at every size; on more, only up to ranks x 4 KiB, the ring above."""
+    """auto's rules 3 and 6 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an
+    unknown count) hierarchical at every size; on more, from 8 KiB up to ranks x 4 KiB (before
+    MPI's own), the ring above."""
 
     def pick(nbytes, ranks, nodes):
         return zcoll.choose_algorithm(nbytes, ranks, shared_memory=False, node_hierarchy=True, nodes=nodes)
@@ -186,6 +187,7 @@ def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
         assert pick(limit, ranks, nodes) == "hierarchical", (ranks, nodes)
         assert pick(limit + 4, ranks, nodes) == "ring", (ranks, nodes)
         assert pick(4096, ranks, nodes) == "recursive_doubling", (ranks, nodes)
+        assert pick(16384, ranks, nodes) == "hierarchical", "not MPI's: its edge is a one-node one"
     # a measured ring order still beats rank order's ring where hierarchical does not apply
     many = zcoll.choose_algorithm(
         16 << 20, 64, shared_memory=False, node_hierarchy=True, nodes=8, ordered_ring_gain=4.0
