@@ -88,6 +88,8 @@ def _free_all() -> None:
             sys.stderr.flush()
             os._exit(FAILURE_EXIT_STATUS)
         _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS)
+    elif _C.broken_count():  # recovered in place: MPI_Finalize may still wait for the lost ranks
+        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, 0)
     for c in list(_live):
         c.free()
 
