@@ -170,7 +170,9 @@ def classify(
     if not slow:
         links = _no_slow_link(slowness, t)
         return Verdict(
-            "healthy", evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), {links}", details=details
+            "healthy",
+            evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), {links}",
+            details=details,
         )
 
     def rate(i: int, j: int) -> str:
