@@ -84,7 +84,7 @@ def test_slow_link_on_a_ring_that_uses_four_links():
 def test_slow_node_all_outgoing_links():
     v = classify(window(per_byte=slowed([(3, j) for j in range(3)])))
     assert (v.label, v.node) == ("slow node", 3), v
-    assert "all 3 of its outgoing links are slow" in v.evidence
+    assert "its 3 outgoing links are" in v.evidence
 
 
 def test_slow_node_all_incoming_links():

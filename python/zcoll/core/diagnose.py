@@ -18,12 +18,17 @@ windows agree (hysteresis), logging one warning line when it changes. :func:`cla
 1. **slow rank k**: k arrives late by more than ``rank_threshold`` x the others' mean time in a
    call (compute, data loading, a busy core). Checked first: the messages sent to a late rank
    wait for it, which would otherwise look like slow links into it.
-2. **slow node k** (all of its links): each of node k's outgoing (or incoming) active links, at
-   least two, is ``node_threshold`` x slower than the reference of its tier (see 3), and no link
-   slower than ``link_threshold`` avoids node k.
+2. **slow node k** (all of its links): the lower median of node k's outgoing (or incoming)
+   active links, at least two, is ``node_threshold`` x the median of the links that avoid node k
+   (per byte, see 3); the node with the highest such ratio is named. A median, not every link: on many nodes the collectives' later
+   steps wait on the slow node, so links that avoid it queue too, and one slow link of a node
+   does not move its median.
 3. **slow link i->j**: links whose time per byte is ``link_threshold`` x the reference of their
    tier (within a node / across nodes): its lower quartile, which stays a healthy link's even
-   when half the tier is slow (one node's links of two nodes); the slowest is named.
+   when half the tier is slow (one node's links of two nodes); and the slow links stand apart:
+   ``link_gap`` x the slowness of the next link that is not counted slow. Waiting behind a late
+   peer (the first step of halving-doubling absorbs the others' arrival skew) spreads slowness
+   over many links in a continuum; a degraded link stands alone. The slowest is named.
 4. otherwise **healthy**.
 
 A window needs ``min_calls`` collectives; links that moved fewer than ``min_link_bytes`` are
@@ -135,7 +140,8 @@ class Thresholds:
     rank_threshold: float = 0.3  # arrival delay / the others' mean time in a call
     rank_floor: float = 2e-4  # seconds: arrival delays below this are noise
     link_threshold: float = 2.0  # time per byte / the tier's lower quartile
-    node_threshold: float = 1.6  # every link of the node at least this slow
+    link_gap: float = 2.0  # the slow links' slowness / the next link's
+    node_threshold: float = 2.0  # the node's links' lower median / the median of links avoiding it
     min_calls: int = 3
     min_link_bytes: int = 256 * 1024  # per window
 
@@ -160,33 +166,28 @@ def classify(
 
     # 2-3. links: time per byte against the lower quartile of the link's tier
     active, slowness = _link_slowness(stats, nodes, t)
-    slow = [
-        (i, j)
-        for i in range(p)
-        for j in range(p)
-        if np.isfinite(slowness[i, j]) and slowness[i, j] >= t.link_threshold
-    ]
+    slow = _slow_links(slowness, t)
     details = {"slowness": slowness.tolist(), "gbps": stats.gbps.tolist()}
+
+    def rate(i: int, j: int) -> str:
+        return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
+
+    best = _slowest_node(slowness, active, nodes, t)
+    if best is not None:
+        ratio, node, direction, links = best
+        return Verdict(
+            "slow node",
+            rank=min(r for r in range(p) if nodes[r] == node),
+            node=node,
+            evidence=f"its {len(links)} {direction} links are {ratio:.1f}x slower (lower median) "
+            "than the links that avoid it: " + ", ".join(rate(i, j) for i, j in links),
+            details=details,
+        )
     if not slow:
         links = _no_slow_link(slowness, t)
         return Verdict(
             "healthy",
             evidence=f"no rank arrives late (latest {delay[k] * 1e3:.2f} ms), {links}",
-            details=details,
-        )
-
-    def rate(i: int, j: int) -> str:
-        return f"{i}->{j} {stats.gbps[i, j]:.3f} GB/s per message ({slowness[i, j]:.1f}x slower)"
-
-    best = _slowest_node(slow, slowness, active, nodes, t)
-    if best is not None:
-        _, node, direction, links = best
-        return Verdict(
-            "slow node",
-            rank=min(r for r in range(p) if nodes[r] == node),
-            node=node,
-            evidence=f"all {len(links)} of its {direction}going links are slow: "
-            + ", ".join(rate(i, j) for i, j in links),
             details=details,
         )
     i, j = max(slow, key=lambda l: slowness[l])
@@ -228,7 +229,10 @@ def _no_slow_link(slowness: np.ndarray, t: Thresholds) -> str:
     there is no yardstick."""
     if not np.isfinite(slowness).any():
         return "no tier has two links that carried enough to compare"
-    return f"no link slower than {t.link_threshold:g}x its tier (slowest {np.nanmax(slowness):.2f}x)"
+    return (
+        f"no link slower than {t.link_threshold:g}x its tier and {t.link_gap:g}x the next "
+        f"(slowest {np.nanmax(slowness):.2f}x)"
+    )
 
 
 def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[np.ndarray, np.ndarray]:
@@ -247,29 +251,69 @@ def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[n
     return active, slowness
 
 
-def _slowest_node(slow: List[Tuple[int, int]], slowness: np.ndarray, active: np.ndarray, nodes: List[Any],
-                  t: Thresholds) -> Optional[Tuple[float, Any, str, List[Tuple[int, int]]]]:  # fmt: skip
-    """A node: every one of its outgoing (or incoming) links slower than node_threshold, and no
-    link that avoids it slower than link_threshold; the node whose links are slowest wins
-    (outgoing first: between two nodes, one's slow egress is the other's slow ingress, and
-    shaping happens on egress). (slowness of its weakest link, node, "out" or "in", its links)."""
+def _slow_links(slowness: np.ndarray, t: Thresholds) -> List[Tuple[int, int]]:
+    """The links above the widest break in slowness, when that break is at least link_gap wide
+    and every link above it is link_threshold x its tier (a continuum of slow-ish links is
+    queueing, not a fault)."""
+    ranked = sorted(((float(slowness[l]), l) for l in zip(*np.nonzero(np.isfinite(slowness)))), reverse=True)
+    ranked = [(s, (int(i), int(j))) for s, (i, j) in ranked]
+    best, cut = 0.0, 0
+    for c in range(1, len(ranked) + 1):
+        if ranked[c - 1][0] < t.link_threshold:
+            break
+        below = ranked[c][0] if c < len(ranked) else 1.0
+        gap = ranked[c - 1][0] / max(below, 1e-12)
+        if gap > best:
+            best, cut = gap, c
+    return [l for _, l in ranked[:cut]] if best >= t.link_gap else []
+
+
+def _node_links(node: Any, direction: str, active: np.ndarray, nodes: List[Any]) -> List[Tuple[int, int]]:
     p = len(nodes)
-    best: Optional[Tuple[float, Any, str, List[Tuple[int, int]]]] = None
+    members = {r for r in range(p) if nodes[r] == node}
+    if direction == "out":
+        return [(i, j) for i in members for j in range(p) if j not in members and active[i, j]]
+    return [(i, j) for j in members for i in range(p) if i not in members and active[i, j]]
+
+
+def _lower_median(values: List[float]) -> float:
+    return float(np.percentile(values, 50, method="lower")) if values else float("nan")
+
+
+def _slowest_node(slowness: np.ndarray, active: np.ndarray, nodes: List[Any],
+                  t: Thresholds) -> Optional[Tuple[float, Any, str, List[Tuple[int, int]]]]:  # fmt: skip
+    """The node whose outgoing (or incoming) links are slowest against the links avoiding it
+    (lower median over median), if node_threshold x. Outgoing first: between two nodes, one's slow egress
+    is the other's slow ingress, and shaping happens on egress. (ratio, node, "out"/"in", links)."""
+    p = len(nodes)
+    between = active & np.array([[nodes[i] != nodes[j] for j in range(p)] for i in range(p)])
+    between &= np.isfinite(slowness)
+
+    def ratio(links: List[Tuple[int, int]], avoid: Any) -> float:
+        if len(links) < 2:
+            return float("nan")
+        others = [
+            slowness[i, j] for i, j in zip(*np.nonzero(between)) if nodes[i] != avoid and nodes[j] != avoid
+        ]
+        if len(others) < 2:  # two nodes: the other direction is the yardstick
+            chosen = set(links)
+            others = [slowness[l] for l in zip(*np.nonzero(between)) if l not in chosen]
+        return (
+            _lower_median([slowness[l] for l in links]) / float(np.median(others)) if others else float("nan")
+        )
+
+    candidates = []
     for direction in ("out", "in"):
         for node in sorted(set(nodes), key=str):
-            members = {r for r in range(p) if nodes[r] == node}
-            if any((i in members) == (j in members) for i, j in slow):
-                continue  # a slow link that avoids this node (or stays inside it)
-            if direction == "out":
-                links = [(i, j) for i in members for j in range(p) if j not in members and active[i, j]]
-            else:
-                links = [(i, j) for j in members for i in range(p) if i not in members and active[i, j]]
-            if len(links) < 2:
-                continue
-            weakest = min(slowness[l] for l in links)
-            if weakest >= t.node_threshold and (best is None or weakest > best[0]):
-                best = (weakest, node, direction, links)
-    return best
+            links = _node_links(node, direction, between, nodes)
+            r = ratio(links, node)
+            if np.isfinite(r):
+                candidates.append((r, node, direction, links))
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda c: c[0])  # max keeps the first of equals: "out"
+    best = (best[0], best[1], best[2] + "going" if best[2] == "out" else "incoming", best[3])
+    return best if best[0] >= t.node_threshold else None
 
 
 def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
