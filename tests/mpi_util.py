@@ -77,20 +77,22 @@ def run(cmd: list, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT,
     finished, timed_out = _start(cmd, env, timeout, cwd)
     if timed_out:
         what = " ".join(map(str, cmd))
-        pytest.fail(f"timed out after {timeout} s (all processes killed): {what}\n{tail(finished.output)}",
-                    pytrace=False)
+        pytest.fail(
+            f"timed out after {timeout} s (all processes killed): {what}\n{tail(finished.output)}",
+            pytrace=False,
+        )
     return finished
 
 
 # Open MPI's launcher (./dev.sh test --engine openmpi): its rank tags instead of hydra's
 # -prepend-rank (zcoll.tools.perf_table.split_ranks reads both), and more ranks than cores.
 OPEN_MPI = (BIN_DIR / "ompi_info").exists()
+# mpirun's options for rank-tagged output (and, on Open MPI, more ranks than cores)
+TAG_FLAGS = ("--oversubscribe", "--output", "tag") if OPEN_MPI else ("-prepend-rank",)
 
 
 def mpirun_argv(nprocs: int, *argv) -> list:
-    if OPEN_MPI:
-        return [BIN_DIR / "mpirun", "--oversubscribe", "--output", "tag", "-n", nprocs, *argv]
-    return [BIN_DIR / "mpirun", "-n", nprocs, "-prepend-rank", *argv]
+    return [BIN_DIR / "mpirun", *TAG_FLAGS, "-n", nprocs, *argv]
 
 
 def mpirun(nprocs: int, *argv, env: Optional[dict] = None, timeout: float = DEFAULT_TIMEOUT) -> Finished:
@@ -148,8 +150,15 @@ def case_names(script: str) -> List[str]:
 class ScriptJob:
     """One launch of a protocol script; check(case) answers per case. Made by script_job()."""
 
-    def __init__(self, script: str, ranks: int, args: tuple, env: Optional[dict], timeout: float,
-                 launcher: Optional[Callable[[list], list]] = None):
+    def __init__(
+        self,
+        script: str,
+        ranks: int,
+        args: tuple,
+        env: Optional[dict],
+        timeout: float,
+        launcher: Optional[Callable[[list], list]] = None,
+    ):
         self.script, self.ranks, self.args, self.env, self.timeout = script, ranks, args, env, timeout
         self.launcher = launcher or (lambda argv: mpirun_argv(ranks, *argv))
         self.finished: Optional[Finished] = None
@@ -220,8 +229,14 @@ def protocol_totals() -> tuple:
     return len(launched), len(reports), sum(r.checks for r in reports)
 
 
-def script_job(script: str, ranks: int, *args, env: Optional[dict] = None, timeout: float = 240,
-               launcher: Optional[Callable[[list], list]] = None) -> ScriptJob:
+def script_job(
+    script: str,
+    ranks: int,
+    *args,
+    env: Optional[dict] = None,
+    timeout: float = 240,
+    launcher: Optional[Callable[[list], list]] = None,
+) -> ScriptJob:
     """The launch of tests/<script> with these ranks, args and env, made once per test session.
     launcher(argv) -> command: how to start the ranks (default `mpirun -n ranks -prepend-rank`;
     e.g. an MPMD command with per-rank settings, or zcoll.tools.testbed's namespaces)."""

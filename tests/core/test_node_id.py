@@ -1,11 +1,11 @@
-"""ZCOLL_NODE_ID on one machine, without namespaces: per-rank values set through hydra's MPMD
-`-env` decide which ranks form a node (tests/mpi/nodes.py checks the node map, the shm path and
-collectives across nodes)."""
+"""ZCOLL_NODE_ID on one machine, without namespaces: per-rank values, set in MPMD segments through
+env(1) (the same on hydra and Open MPI), decide which ranks form a node (tests/mpi/nodes.py checks
+the node map, the shm path and collectives across nodes)."""
 
 import sys
 
 import pytest
-from mpi_util import BIN_DIR, case_names, run, script_job
+from mpi_util import BIN_DIR, TAG_FLAGS, case_names, run, script_job
 
 SCRIPT = "mpi/nodes.py"
 
@@ -14,10 +14,10 @@ def per_rank_ids(ids):
     """A launcher giving rank r ZCOLL_NODE_ID=ids[r] (unset for None), one MPMD segment per rank."""
 
     def launch(argv):
-        cmd = [BIN_DIR / "mpirun", "-prepend-rank"]
+        cmd = [BIN_DIR / "mpirun", *TAG_FLAGS]
         for r, node_id in enumerate(ids):
             cmd += [":"] if r else []
-            cmd += ["-n", "1", *(["-env", "ZCOLL_NODE_ID", node_id] if node_id is not None else []), *argv]
+            cmd += ["-n", "1", *(["env", f"ZCOLL_NODE_ID={node_id}"] if node_id is not None else []), *argv]
         return cmd
 
     return launch
@@ -52,4 +52,3 @@ def test_info_lists_node_id():
     assert rc == 0, out
     line = next(l for l in out.splitlines() if "ZCOLL_NODE_ID" in l)
     assert "rack2-n7" in line and "(environment)" in line, out
-
