@@ -5,7 +5,9 @@ tests/mpi/telemetry.py; the randomized trials on an emulated network: bench/diag
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,9 +180,9 @@ def test_rows_are_rebuilt_exactly():
     peer = lambda r, j: 4 + p + j * 6  # noqa: E731
     # rank 0 posted 2 sends to rank 1 at its times 10 and 20 (relative); rank 1 completed them at
     # rank-0 times 1000 and 2000 ns after their posts
-    rows[0, peer(0, 1):peer(0, 1) + 3] = [8192, 2, 30]
+    rows[0, peer(0, 1) : peer(0, 1) + 3] = [8192, 2, 30]
     t_done = [(base0 + 10 + 1000) - (base1 - offset1), (base0 + 20 + 2000) - (base1 - offset1)]
-    rows[1, peer(1, 0) + 3:peer(1, 0) + 6] = [8192, 2, sum(t_done)]
+    rows[1, peer(1, 0) + 3 : peer(1, 0) + 6] = [8192, 2, sum(t_done)]
     s = from_rows(rows)
     assert s.calls == 3
     assert s.busy[0, 1] == pytest.approx(3000e-9)
@@ -190,7 +192,8 @@ def test_rows_are_rebuilt_exactly():
     arrival0 = base0 + 100
     arrival1 = base1 - offset1
     assert s.arrival_delay.tolist() == pytest.approx(
-        [(arrival0 - min(arrival0, arrival1)) / 1e9, (arrival1 - min(arrival0, arrival1)) / 1e9])
+        [(arrival0 - min(arrival0, arrival1)) / 1e9, (arrival1 - min(arrival0, arrival1)) / 1e9]
+    )
     assert s.call_seconds.tolist() == pytest.approx([0.002, 0.001])
 
 
@@ -198,3 +201,41 @@ def test_rows_are_rebuilt_exactly():
 @pytest.mark.parametrize("case", case_names("mpi/telemetry.py"))
 def test_telemetry_of_real_jobs(case, nprocs):
     script_job("mpi/telemetry.py", nprocs, timeout=180).check(case, min_checks=1)
+
+
+SMPI = Path(__file__).resolve().parent / "smpi_linkstats"
+SMPI_CASES = {
+    # traffic (algorithms at 1-16 MiB, ranks per node): platform -> (label, who in nodes)
+    "three-algorithms-1-per-node": {
+        "star": ("healthy", None),
+        "star_slow_node": ("slow node", 1),
+        "star_slow_link": ("slow link", (1, 2)),
+    },
+    "halving-doubling-1-per-node": {
+        "star": ("healthy", None),
+        "star_slow_node": ("slow node", 1),
+        "star_slow_link": ("healthy", None),  # halving-doubling's partners never send 1 -> 2
+    },
+    "ring-halving-doubling-2-per-node": {
+        "star": ("healthy", None),
+        "star_slow_node": ("slow node", 1),
+        "star_slow_link": ("slow link", (1, 2)),
+    },
+}
+
+
+@pytest.mark.parametrize("traffic,platform", [(t, p) for t, cases in SMPI_CASES.items() for p in cases])
+def test_telemetry_recorded_in_smpi(traffic, platform):
+    """Telemetry zcoll gathered inside SimGrid (bench/smpi_scale.py --diagnose, 16 ranks on a star
+    of 12.5 GB/s links; node 1 or the route 1 -> 2 4x slower): on many nodes, halving-doubling
+    and recursive doubling make the links avoiding a slow node queue too (24-34 links over 2x)
+    and spread 2-8x queueing over the healthy star's links; the verdicts stay right."""
+    data = json.loads((SMPI / f"{traffic}-{platform}.json").read_text())
+    nodes = data["nodes"]
+    v = classify(from_rows(np.array(data["rows"])), nodes)
+    who = None
+    if v.label == "slow node":
+        who = v.node
+    elif v.label == "slow link":
+        who = (nodes[v.link[0]], nodes[v.link[1]])
+    assert (v.label, who) == SMPI_CASES[traffic][platform], v
