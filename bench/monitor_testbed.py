@@ -310,6 +310,7 @@ def history(args: argparse.Namespace, bed: Bed, path: str) -> int:
         start = time.monotonic()
         done = bed.run(bed.job_argv(f"--steps={args.steps}", f"--compression={method}"))
         run = bed.state.run
+        bed.state.flush()  # the monitor writes its history on a thread of its own
         r = bed.state.history.run(run) if bed.state.history else None
         s = (r or {}).get("summary", {})
         print(f"run {k + 1}/{args.runs} ({method}): exit {done.returncode}, {time.monotonic() - start:.1f} s, "

@@ -60,6 +60,7 @@ def test_links_verdict_and_steps(published):
 def test_the_run_is_in_the_history(published):
     """The monitor recorded the real job as it went: set-up, summary, finished."""
     state, _ = published
+    assert state.flush()  # the history is written on its own thread
     r = state.history.run(state.run)
     assert r is not None and r["status"] == "finished" and r["ranks"] == 2, r
     s = r["summary"]

@@ -41,6 +41,7 @@ def test_merge_verdict_history_and_record(tmp_path):
     s.publish(doc(1, 1.0, event="start", steps=[1, 2]))
     s.publish(doc(0, 2.0, healthy))
     s.publish(doc(0, 3.0, slow))
+    assert s.flush()  # the history's suggestions are drawn on its writer thread
     snap = s.snapshot()
     assert [v["label"] for v in snap["verdicts"]] == ["healthy", "slow link"] and snap["verdict_changes"] == 2
     assert snap["links"]["bandwidth"][1][0] is None  # NaN is null for the browser
@@ -48,6 +49,7 @@ def test_merge_verdict_history_and_record(tmp_path):
     assert len(snap["steps"]["0"]) == 2
     s.publish(doc(0, 4.0, slow, "end"))
     s.publish(doc(1, 4.0, event="end"))
+    assert s.flush()
     run = h.run("run-a")
     assert run["status"] == "finished" and run["summary"]["slow_links"] == {"1->0": 2}
     assert [e["label"] for e in h.events("run-a")] == ["healthy", "slow link"]
@@ -69,6 +71,7 @@ def test_bad_documents_and_history_errors():
 
     s = MonitorState(Broken())
     s.publish(doc(0, 1.0, {"label": "healthy", "who": None, "text": "healthy"}, "start"))
+    assert s.flush()
     assert s.snapshot()["history_error"] == "history not written: disk full"
 
 
@@ -130,11 +133,13 @@ def test_suggestions_from_runs_the_monitor_recorded(tmp_path):
     ):
         for d in run_docs(run, 10.0 * t0, method, step_s, "1->0"):
             s.publish(d)
+    assert s.flush()
     assert [r["status"] for r in h.runs()] == ["finished"] * 3
     assert h.run("b")["setup"]["compression"] == ["int8"] and h.run("c")["summary"]["slow_links"] == {
         "1->0": 3
     }
     s.publish(run_docs("d", 40.0, "none", 0.2, None)[0])
+    assert s.flush()
     text = [x["text"] for x in s.snapshot()["suggestions"]]
     assert any("link 1->0 was the slow link in 3 of the last 3 runs on these hosts" in t for t in text), text
     assert any("int8 saved 70% of the step on this model (model=x) last time (200.0 ms without compression -> "
@@ -168,6 +173,7 @@ def test_late_snapshots_of_the_last_run(tmp_path):
         for d in docs[:-3] if run == "b" else docs:  # run b: rank 1's last two and rank 0's end are late
             s.publish(d)
     s.publish(run_docs("c", 30.0, "none", 0.2, None)[0])
+    assert s.flush()
     assert h.run("b")["summary"]["slow_links"] == {"1->0": 2} and h.run("b")["status"] == "stopped"
     text = [x["text"] for x in s.snapshot()["suggestions"]]
     assert any("link 1->0 was the slow link in 2 of the last 2 runs" in t for t in text), text

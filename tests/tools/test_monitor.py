@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -93,6 +95,38 @@ def test_server_push_sends_each_change(server):
         state.publish(snapshot_doc(0, run="pushed"))
         second = json.loads(stream.readline().decode()[len("data: ") :])
     assert first["run"] is None and second["run"] == "pushed" and second["version"] > first["version"]
+
+
+def test_a_locked_history_file_does_not_stall_the_page(tmp_path):
+    """Another process holds the history file's write lock (SQLite then waits up to 5 s per
+    write): publishing, the state and the event stream still answer at once, and the writes land
+    once the lock is gone."""
+    h = hist.History(tmp_path / "h.sqlite")
+    state = MonitorState(h)
+    s = serve.serve(monitor_server.make_app(state, history=h), "127.0.0.1", 0)
+    holder = sqlite3.connect(str(tmp_path / "h.sqlite"), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # released below, after the page was served
+    try:
+        req = urllib.request.Request(f"{s.url}/events")
+        with urllib.request.urlopen(req, timeout=10) as stream:
+            json.loads(stream.readline().decode()[len("data: ") :])
+            stream.readline()
+            t0 = time.monotonic()
+            for doc in (snapshot_doc(0, run="locked", event="start"), snapshot_doc(1, run="locked", event="start"),
+                        snapshot_doc(0, run="locked", event="end"), snapshot_doc(1, run="locked", event="end")):  # fmt: skip
+                assert request(f"{s.url}/publish", doc) == (200, "ok\n")
+            pushed = json.loads(stream.readline().decode()[len("data: ") :])
+            code, body = request(f"{s.url}/api/state")
+            took = time.monotonic() - t0
+        assert pushed["run"] == "locked" and code == 200 and json.loads(body)["run"] == "locked"
+        assert took < 2.0, f"4 publishes, a push and the state took {took:.2f} s behind a locked history"
+    finally:
+        holder.rollback()
+        holder.close()
+    assert state.flush(60.0) and state.history_error is None, state.history_error
+    run = h.run("locked")
+    assert run is not None and run["status"] == "finished" and run["ranks"] == 2, run
+    s.close()
 
 
 def test_help():

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,10 +47,13 @@ def default_path() -> Path:
 
 
 class History:
-    """One SQLite file of runs (see the module docstring). Every write is its own transaction."""
+    """One SQLite file of runs (see the module docstring). Every write is its own transaction.
+    Thread-safe: one connection, used by one thread at a time (the monitor writes from its
+    Writer thread and reads from request threads)."""
 
     def __init__(self, path: Any):
         self.path = Path(path)
+        self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(str(self.path), timeout=5.0, check_same_thread=False)
@@ -77,41 +82,46 @@ class History:
                 raise sqlite3.DatabaseError(f"schema {row[0]}, this zcoll reads {SCHEMA}")
 
     def close(self) -> None:
-        self.db.close()
+        with self._lock:
+            self.db.close()
+
+    def _write(self, *statements: tuple) -> None:
+        """(sql, parameters) pairs in one transaction."""
+        with self._lock, self.db:
+            for sql, params in statements:
+                self.db.execute(sql, params)
+
+    def _read(self, sql: str, params: tuple) -> list:
+        with self._lock:
+            return self.db.execute(sql, params).fetchall()
 
     # -- writing (the monitor) ---------------------------------------------------------------
     def start_run(self, run: str, setup: dict[str, Any], t: float | None = None) -> None:
         t = time.time() if t is None else t
-        with self.db:
-            self.db.execute(
-                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, NULL, 'running', ?, ?, ?, '{}')",
-                (run, t, t, setup.get("hosts", ""), int(setup.get("ranks", 0)), json.dumps(setup)),
-            )
-            self.db.execute(
-                "UPDATE runs SET setup = ?, hosts = ?, ranks = ? WHERE id = ?",
-                (json.dumps(setup), setup.get("hosts", ""), int(setup.get("ranks", 0)), run),
-            )
+        self._write(
+            ("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, NULL, 'running', ?, ?, ?, '{}')",
+             (run, t, t, setup.get("hosts", ""), int(setup.get("ranks", 0)), json.dumps(setup))),
+            ("UPDATE runs SET setup = ?, hosts = ?, ranks = ? WHERE id = ?",
+             (json.dumps(setup), setup.get("hosts", ""), int(setup.get("ranks", 0)), run)),
+        )  # fmt: skip
 
     def update(self, run: str, summary: dict[str, Any], t: float | None = None) -> None:
-        with self.db:
-            self.db.execute(
-                "UPDATE runs SET summary = ?, updated = ? WHERE id = ?",
-                (json.dumps(summary), time.time() if t is None else t, run),
-            )
+        self._write(
+            ("UPDATE runs SET summary = ?, updated = ? WHERE id = ?",
+             (json.dumps(summary), time.time() if t is None else t, run)),
+        )  # fmt: skip
 
     def event(self, run: str, kind: str, data: dict[str, Any], t: float | None = None) -> None:
-        with self.db:
-            self.db.execute(
+        self._write(
+            (
                 "INSERT INTO events VALUES (?, ?, ?, ?)",
                 (run, time.time() if t is None else t, kind, json.dumps(data)),
-            )
+            ),
+        )
 
     def finish(self, run: str, status: str = "finished", t: float | None = None) -> None:
         t = time.time() if t is None else t
-        with self.db:
-            self.db.execute(
-                "UPDATE runs SET ended = ?, updated = ?, status = ? WHERE id = ?", (t, t, status, run)
-            )
+        self._write(("UPDATE runs SET ended = ?, updated = ?, status = ? WHERE id = ?", (t, t, status, run)))
 
     # -- reading -------------------------------------------------------------------------------
     def runs(self, limit: int = 50, hosts: str | None = None) -> list[dict[str, Any]]:
@@ -122,7 +132,7 @@ class History:
         if hosts:
             q, args = q + " WHERE hosts = ?", (hosts,)
         try:
-            rows = self.db.execute(q + " ORDER BY started DESC LIMIT ?", (*args, limit)).fetchall()
+            rows = self._read(q + " ORDER BY started DESC LIMIT ?", (*args, limit))
         except sqlite3.DatabaseError as e:
             raise HistoryError(
                 f"zcoll: cannot read the history file {self.path} ({e}): move it aside"
@@ -136,7 +146,7 @@ class History:
         return (exact or rows)[0] if len(exact) == 1 or len(rows) == 1 else None
 
     def events(self, run: str) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT t, kind, data FROM events WHERE run = ? ORDER BY t", (run,)).fetchall()
+        rows = self._read("SELECT t, kind, data FROM events WHERE run = ? ORDER BY t", (run,))
         return [{"t": t, "kind": k, **_json(d)} for t, k, d in rows]
 
     @staticmethod
@@ -146,6 +156,52 @@ class History:
             status = "stopped"
         return {"id": run, "started": started, "updated": updated, "ended": ended, "status": status,
                 "hosts": hosts, "ranks": ranks, "setup": _json(setup), "summary": _json(summary)}  # fmt: skip
+
+
+class Writer:
+    """Calls run in order on one daemon thread, so that a history file that is locked (SQLite
+    waits up to 5 s for a lock) or slow never stalls the caller: the monitor's event loop, which
+    must keep serving the page. submit() never blocks; flush() waits for what was submitted."""
+
+    def __init__(self, name: str = "zcoll-history"):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Any, *args: Any, then: Any = None) -> None:
+        """fn(*args) on the writer's thread, then then(its result) when given."""
+        with self._done:
+            self._pending += 1
+        self._queue.put((fn, args, then))
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Waits until everything submitted so far ran; False when `timeout` passed first."""
+        with self._done:
+            return self._done.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.flush(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, args, then = item
+            try:
+                result = fn(*args)
+                if then is not None:
+                    then(result)
+            except Exception:  # noqa: BLE001 (the caller wraps its calls; this thread must live on)
+                pass
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
 
 
 def _json(text: str | None) -> dict[str, Any]:

@@ -5,7 +5,9 @@ monitor), keeps the latest of each rank, a bounded series of steps per rank, ran
 matrices and verdict, and the verdict's history; ``snapshot()`` is what the page, the event
 stream and the Prometheus collector (zcoll.observe.metrics.JobCollector) read. With a
 zcoll.observe.history.History it records the run as it goes (set-up, verdict changes, faults,
-the summary every SUMMARY_SECONDS, the end) and draws suggestions from the earlier runs.
+the summary every SUMMARY_SECONDS, the end) and draws suggestions from the earlier runs: on a
+history.Writer thread, in order, so that a locked or slow history file never holds up
+``publish()`` (the server's event loop) or ``snapshot()``; ``flush()`` waits for those writes.
 
 A finished run is shown from its files the same way: ``load(snapshot)`` with what
 zcoll.observe.monitor_files reads from a directory.
@@ -58,6 +60,8 @@ class MonitorState:
         self.version = 0
         self.static = False  # a finished run loaded from files
         self.grace = 3.0  # seconds after a run's first snapshot before missing ranks are named
+        self._writer: history_mod.Writer | None = None  # started with the first history write
+        self._writer_lock = threading.Lock()
         self._past: deque = deque(maxlen=100)  # runs replaced by a newer one
         self.late = 0  # their snapshots that came after that
         self._reset(None)
@@ -117,8 +121,8 @@ class MonitorState:
         if self.run is not None:
             self._past.append(self.run)
         if self.run is not None and self.history is not None and not self.static:
-            self._safe(self.history.update, self.run, self.summary())
-            self._safe(self.history.finish, self.run, "finished" if self.ended else "stopped")
+            self._write(self.history.update, self.run, self.summary())
+            self._write(self.history.finish, self.run, "finished" if self.ended else "stopped")
         self._reset(run)
         self.static = False
 
@@ -144,12 +148,12 @@ class MonitorState:
             self.verdict_changes += 1
             self.verdicts.append(dict(v, t=doc.get("t")))
             if self.history is not None:
-                self._safe(self.history.event, self.run, "verdict", v, doc.get("t"))
+                self._write(self.history.event, self.run, "verdict", v, doc.get("t"))
 
     def _fault(self, rank: int, what: str) -> None:
         self.faults.append({"rank": rank, "what": what, "t": self.clock()})
         if self.history is not None:
-            self._safe(self.history.event, self.run, "fault", {"rank": rank, "what": what})
+            self._write(self.history.event, self.run, "fault", {"rank": rank, "what": what})
 
     def _record(self, doc: dict[str, Any]) -> None:
         """The run's history: set-up at the start, the summary now and then, the end."""
@@ -157,21 +161,38 @@ class MonitorState:
             return
         now = self.clock()
         if doc.get("rank") == 0 and doc.get("setup") and doc.get("event") == "start":
-            self._safe(self.history.start_run, self.run, doc["setup"], doc.get("t"))
-            self._history_suggestions = self._safe(
-                history_mod.suggestions, self.history, doc["setup"].get("hosts", ""),
-                doc["setup"].get("labels"), doc["setup"].get("ranks"), self.run,
-            ) or []  # fmt: skip
+            run, setup = self.run, doc["setup"]
+            self._write(self.history.start_run, run, setup, doc.get("t"))
+            self._write(history_mod.suggestions, self.history, setup.get("hosts", ""), setup.get("labels"),
+                        setup.get("ranks"), run, then=lambda found: self._suggested(run, found))  # fmt: skip
         size = doc.get("size") or 0
         finished = size and len(self.ended) >= size
         if finished or now - self._last_summary >= SUMMARY_SECONDS:
             self._last_summary = now
             with self.lock:
                 summary = self.summary()
-            self._safe(self.history.start_run, self.run, self.setup or {"ranks": size}, doc.get("t"))
-            self._safe(self.history.update, self.run, summary)
+            self._write(self.history.start_run, self.run, self.setup or {"ranks": size}, doc.get("t"))
+            self._write(self.history.update, self.run, summary)
         if finished:
-            self._safe(self.history.finish, self.run)
+            self._write(self.history.finish, self.run)
+
+    def _suggested(self, run: str, found: list[dict[str, Any]] | None) -> None:
+        """The history's suggestions for `run`, computed on the writer's thread."""
+        with self.lock:
+            if self.run == run:
+                self._history_suggestions = found or []
+                self.version += 1
+
+    def _write(self, fn: Any, *args: Any, then: Any = None) -> None:
+        """fn(*args) on the history's writer thread, after the writes before it (_safe)."""
+        with self._writer_lock:
+            if self._writer is None:
+                self._writer = history_mod.Writer()
+        self._writer.submit(self._safe, fn, *args, then=then)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Waits for the history writes made so far (tests, and before the history is closed)."""
+        return self._writer.flush(timeout) if self._writer is not None else True
 
     def _safe(self, fn: Any, *args: Any) -> Any:
         """History errors never stop the monitor: the first is kept and shown on the page."""

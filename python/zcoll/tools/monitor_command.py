@@ -92,6 +92,7 @@ def monitor(args: argparse.Namespace) -> int:
     _wait_for_signal(args.duration)
     server.close()
     if history is not None:
+        state.flush(10.0)  # the writes still queued (a locked file: SQLite's 5 s wait, twice)
         history.close()
     return 0
 

@@ -80,8 +80,9 @@ class _Handlers:
     async def api_history(self, _request: Any) -> Any:
         if self.history is None:
             return self.r.JSONResponse({"runs": [], "error": self.state.history_error or "no history file"})
-        try:
-            return self.r.JSONResponse({"runs": clean(self.history.runs(limit=20))})
+        try:  # off the event loop: a locked history file must not hold up the page's events
+            runs = await asyncio.to_thread(self.history.runs, limit=20)
+            return self.r.JSONResponse({"runs": clean(runs)})
         except history_mod.HistoryError as e:
             return self.r.JSONResponse({"runs": [], "error": str(e)})
 
