@@ -13,10 +13,11 @@ the publisher thread sleeps on its queue), in an order shuffled per pair of bloc
 
 Reported: the median step time of each block (rank 0's clock, the slowest rank's step), the
 median over the on blocks against the median over the off blocks, and the spread of the paired
-differences (per pair of adjacent blocks). Run it with nothing else on the machine:
+differences (per pair of adjacent blocks) with the 90% bootstrap interval of their median. Run
+it with nothing else on the machine (docs/monitor.md has the commands its table came from):
 
-    python bench/monitor_overhead.py --mode plain --blocks 20
-    python bench/monitor_overhead.py --mode ddp --blocks 20 --json out.json
+    flock /tmp/zcoll-bench.lock python bench/monitor_overhead.py --mode ddp --blocks 120 --json /tmp/mon-ddp.json
+    flock /tmp/zcoll-bench.lock python bench/monitor_overhead.py --mode plain --blocks 40 --json /tmp/mon-plain.json
 """
 
 from __future__ import annotations
@@ -151,12 +152,23 @@ def summarize(blocks: list[tuple[int, str, float]]) -> dict:
         (m1, t1), (_m2, t2) = by_index[b], by_index[b + 1]
         t_on, t_off = (t1, t2) if m1 == "on" else (t2, t1)
         pairs.append(t_on / t_off - 1)
+    low, high = bootstrap(pairs)
     return {
         "on_median_ms": statistics.median(on), "off_median_ms": statistics.median(off),
         "overhead": statistics.median(on) / statistics.median(off) - 1,
         "pair_overhead_median": statistics.median(pairs), "pair_overhead_min": min(pairs),
         "pair_overhead_max": max(pairs), "pairs": len(pairs),
+        "pair_overhead_low": low, "pair_overhead_high": high,
     }  # fmt: skip
+
+
+def bootstrap(values: list[float], rounds: int = 4000, level: float = 0.9) -> tuple[float, float]:
+    """The `level` interval of the median of `values`, by resampling them with replacement
+    (fixed seed: the same blocks give the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
+    tail = (1 - level) / 2
+    return medians[int(tail * rounds)], medians[int((1 - tail) * rounds) - 1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  step time, median of block medians: on {s['on_median_ms']:.3f} ms, off {s['off_median_ms']:.3f} ms: "
           f"{100 * s['overhead']:+.2f}%")  # fmt: skip
-    print(f"  paired blocks ({s['pairs']}): median {100 * s['pair_overhead_median']:+.2f}%, "
+    print(f"  paired blocks ({s['pairs']}): median {100 * s['pair_overhead_median']:+.2f}% "
+          f"(90% bootstrap interval {100 * s['pair_overhead_low']:+.2f}..{100 * s['pair_overhead_high']:+.2f}%), "
           f"min {100 * s['pair_overhead_min']:+.2f}%, max {100 * s['pair_overhead_max']:+.2f}%")  # fmt: skip
+    print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     snap = state.snapshot()
     print(
         f"  the monitor received {sum(r['publishes'] for r in snap['ranks'].values())} snapshots, "

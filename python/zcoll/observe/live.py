@@ -11,19 +11,25 @@
 ``comm``: a zcoll Communicator, the ``zcoll`` torch process group, or a DDP model on it (its
 ``process_group``); ``mon.attach(optimizer)`` calls ``step()`` from the optimizer's step hook.
 
-1. Every ``step()`` counts. At the steps chosen for it (about every ``window`` seconds), every
-   rank takes the window of link telemetry (``comm.link_stats(reset=True)``, collective, on
-   the communicator's own thread: through the group's ordered worker under torch, so it never
-   runs beside another collective) and classifies it (zcoll.core.diagnose.Diagnoser: healthy,
-   slow rank, slow link, slow node; confirmed over three windows). Rank 0 also broadcasts the
-   number of steps to the next window, from its measured step time, so every rank takes the
-   same decision. Windows are counted in steps, so a slowdown by a factor s stretches the
-   window that spans it to about ``window`` x s seconds: a verdict of a change shows after
-   about ``window`` x (s + 3) seconds (the default window, 0.25 s, keeps that under 5 s up to
-   s = 10; a window cost 1.0-5.2 ms, median 1.4 ms, on 2 ranks of a machine at load 15, so four
-   a second may take up to about 0.6% of the training thread; window=1.0 costs a quarter).
-   Under torch the window's result is read at the next window (the worker has run it long
-   before), so the training thread never waits for it.
+1. Every ``step()`` counts (a clock read, an addition). At the steps chosen for it (about every
+   ``window`` seconds), every rank takes the window of link telemetry: one collective, the
+   gather of every rank's raw telemetry row (``comm._link_stats_rows(reset=True)``, the GIL
+   released), on the communicator's own thread (through the group's ordered worker under torch,
+   so it never runs beside another collective). Nothing else runs there: the rows go to a
+   bounded queue, and classifying them (zcoll.core.diagnose.Diagnoser: healthy, slow rank, slow
+   link, slow node; confirmed over three windows) runs on rank 0's publisher thread at once,
+   which publishes a changed verdict straight away; other ranks publish no verdict and classify
+   only when ``verdict`` or ``links`` is read.
+   The number of steps to the next window comes from the gathered rows themselves, so every rank
+   computes the same number without a second collective: ``window`` over the longer of rank 0's
+   step time in the window before (the distance between its last two telemetry resets, on its
+   clock) and the slowest rank's time in collectives per step in this window (which rises at
+   once when a link or a rank slows the job down). Windows are counted in steps, so a slowdown by
+   a factor s stretches the window that spans it to about ``window`` x s seconds: a verdict of a
+   change shows after about ``window`` x (s + 3) seconds (the default window, 0.25 s, keeps that
+   under 5 s up to s = 10). docs/monitor.md has what a window costs. Under torch the window's
+   interval is read at the next window (the worker has run it long before), so the training
+   thread never waits for it.
 2. A publisher thread per rank sends, every ``period`` seconds (rank 0 also as soon as the
    verdict changes), a JSON snapshot to the monitor
    (HTTP POST /publish): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
@@ -50,16 +56,39 @@ import urllib.error
 import urllib.request
 import uuid
 import warnings
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from .. import _C
-from ..core.diagnose import Diagnoser, LinkStats, Verdict
+from ..core.diagnose import Diagnoser, LinkStats, Thresholds, Verdict, from_rows
 from . import metrics, trace
 
 FORMAT = "zcoll-monitor/1"
 QUEUE = 64  # snapshots waiting for the publisher; more are dropped
+ROWS = 32  # telemetry windows waiting to be classified; older ones are dropped (their weight
+# in the blended evidence is below 0.5^32 by then anyway)
+MIN_CALLS = Thresholds().min_calls
+
+
+def next_interval(rows: np.ndarray, steps: int, window: float, last: tuple[int, int] | None) -> int:
+    """Steps to the next telemetry window from one window's gathered rows (the same on every
+    rank, so every rank gets the same number): `window` seconds over the longer of rank 0's step
+    time in the window before (`last`: rank 0's previous base_ns and that window's steps) and the
+    slowest rank's time in collectives per step in this one; and at least enough steps for
+    the diagnoser's minimum of collectives in a window (MIN_CALLS). Integer arithmetic: bit for bit the
+    same on every rank. 0 when the rows tell nothing yet (the first window, telemetry off)."""
+    if last is None:  # the time in collectives alone would overestimate the distance
+        return 0
+    per_step = int(rows[:, 3].max()) // max(1, steps)
+    if int(rows[0, 0]) > last[0] and last[1] > 0:
+        per_step = max(per_step, (int(rows[0, 0]) - last[0]) // last[1])
+    if per_step <= 0:
+        return 0
+    calls = int(rows[:, 1].min())  # a window of fewer than the diagnoser's minimum tells nothing
+    least = -(-MIN_CALLS * steps // calls) if calls > 0 else 1
+    return int(min(1000, max(least, 1, (int(window * 1e9) + per_step // 2) // per_step)))
 
 
 def _target(comm: Any) -> tuple[Any, Any]:
@@ -152,8 +181,8 @@ class Publisher:
         self.thread.start()
 
     def put(self, doc: Any) -> None:
-        """Never blocks: a full queue drops the document. doc: a dict, or a callable building
-        one on the publisher's thread."""
+        """Never blocks: a full queue drops the document. doc: a dict, or a callable run on the
+        publisher's thread that returns one (or None: nothing to send)."""
         try:
             self.queue.put_nowait(doc)
         except queue.Full:
@@ -183,8 +212,10 @@ class Publisher:
                 self.dropped += 1
                 continue
             try:
-                body = json.dumps(doc() if callable(doc) else doc, default=float).encode()
-                self._post(body)
+                doc = doc() if callable(doc) else doc
+                if doc is None:
+                    continue
+                self._post(json.dumps(doc, default=float).encode())
                 self.sent += 1
                 backoff = 0.0
             except Exception as e:  # noqa: BLE001 (the training must never see this thread's errors)
@@ -245,14 +276,18 @@ class LiveMonitor:
         self.next_window = first_window
         self._pending: Any = None  # the torch worker's future of the last window
         self.first_window = first_window
-        self._last_window_t = time.monotonic()
         self._last_window_steps = 0
+        self._last_base: tuple[int, int] | None = None  # rank 0's last base_ns, that window's steps
         self._last_step_t: float | None = None
-        self._step_times: list[float] = []
+        self._step_total = (0.0, 0)  # sum and count of step times (written by step() alone)
+        self._step_seen = (0.0, 0)  # what the last snapshot took of it (publisher thread)
         self._seconds_in_calls = 0.0
         self._trace_seen: dict[int, int] = {}
-        self.verdict: dict[str, Any] | None = None
-        self.links: dict[str, Any] | None = None
+        self._verdict: dict[str, Any] | None = None
+        self._evidence: LinkStats | None = None  # the blended windows; links_dict of it when asked
+        self._links: tuple[Any, dict[str, Any]] | None = None  # (evidence, its links_dict)
+        self._rows: deque = deque(maxlen=ROWS)  # gathered windows not yet classified
+        self._analysis = threading.Lock()
         self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0)
         self._no_verdict = self._diagnoser.current  # "healthy: no telemetry yet" until windows confirm one
         self.run = self._run_id()
@@ -330,48 +365,92 @@ class LiveMonitor:
             return
         now = time.monotonic()
         if self._last_step_t is not None:
-            self._step_times.append(now - self._last_step_t)
+            total, count = self._step_total
+            self._step_total = (total + now - self._last_step_t, count + 1)
         self._last_step_t = now
         self.steps += 1
         if self.diagnose and self.steps >= self.next_window:
-            self._window(now)
+            self._window()
         if now - self._last_publish >= self.period:
             self._last_publish = now
             self._publish()
 
-    def _window(self, now: float) -> None:
-        """The collective part: the telemetry window, and the distance to the next one, rank 0's
-        proposal broadcast to every rank (a rank that used its own could call a collective the
-        others do not make at that step)."""
-        elapsed = now - self._last_window_t
+    def _window(self) -> None:
+        """The collective part: the gather of the telemetry rows, and from them the distance to
+        the next window (next_interval: the same on every rank, so no rank calls a collective
+        the others do not make at that step). Classifying happens elsewhere (_take)."""
         steps = max(1, self.steps - self._last_window_steps)
-        self._last_window_t, self._last_window_steps = now, self.steps
-        proposal = int(min(1000, max(1, round(self.window / max(elapsed / steps, 1e-6)))))
-        interval, diagnoser = np.array([proposal], np.int64), self._diagnoser
+        self._last_window_steps = self.steps
 
-        def window(comm: Any) -> tuple[LinkStats, Verdict, int]:
-            stats = comm.link_stats(reset=True)
-            comm.broadcast(interval, root=0)
-            return stats, diagnoser.update(stats), int(interval[0])
+        def window(comm: Any) -> int:
+            rows = comm._link_stats_rows(True)
+            interval = next_interval(rows, steps, self.window, self._last_base)
+            self._last_base = (int(rows[0, 0]), steps)
+            self._take(rows)
+            return interval
 
         if self.executor is None:
-            result = window(self.comm)
-        else:  # the previous window's result (long done); this one is read at the next window
-            result = self._pending.wait() if self._pending is not None else None
+            interval = window(self.comm)
+        else:  # the previous window's interval (long done); this one is read at the next window
+            interval = self._pending.wait() if self._pending is not None else 0
             self._pending = self._collective(window, wait=False)
-        if result is None:  # the first window under torch: the same fixed distance on every rank
-            self.next_window = self.steps + self.first_window
-            return
-        stats, verdict, interval_steps = result
-        self.next_window = self.steps + interval_steps
+        self.next_window = self.steps + (interval or self.first_window)
+
+    def _take(self, rows: np.ndarray) -> None:
+        """A gathered window, to be classified: at once on rank 0's publisher thread (which
+        publishes a changed verdict straight away), on other ranks when verdict or links is read."""
+        self._rows.append(rows)
+        if self.rank == 0:
+            self.publisher.put(self._classify_and_publish)
+
+    # -- classifying (off the training thread) -------------------------------------------------
+    def _classify(self) -> bool:
+        """Feeds the windows gathered so far to the diagnoser; True when the verdict changed."""
+        changed = False
+        with self._analysis:
+            while self._rows:
+                stats = from_rows(self._rows.popleft())
+                verdict = self._diagnoser.update(stats)
+                del self._diagnoser.history[:-ROWS]  # it keeps every window's; a long run needs no more
+                new = None if verdict is self._no_verdict else verdict_dict(verdict)
+                with self._lock:
+                    old = self._verdict
+                    changed |= new is not None and (
+                        old is None or (old["label"], old["who"]) != (new["label"], new["who"])
+                    )
+                    self._verdict = new
+                    self._evidence = self._diagnoser.evidence or stats
+        return changed
+
+    def _classify_and_publish(self) -> dict[str, Any] | None:
+        """On rank 0's publisher thread after each window: a snapshot when the verdict changed."""
+        if not self._classify():
+            return None
+        self._last_publish = time.monotonic()
+        return self._document(None)
+
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        """The diagnoser's verdict on the windows so far (None before one is confirmed)."""
+        self._classify()
+        return self._verdict
+
+    @property
+    def links(self) -> dict[str, Any] | None:
+        """The blended link matrices of the windows so far (links_dict), None before the first."""
+        self._classify()
+        return self._links_now()
+
+    def _links_now(self) -> dict[str, Any] | None:
+        """links_dict of the latest evidence, built once per evidence (at most once a snapshot
+        on rank 0, not once a window)."""
         with self._lock:
-            self.links = links_dict(diagnoser.evidence or stats)
-            new = None if verdict is self._no_verdict else verdict_dict(verdict)
-            changed = new is not None and (self.verdict is None or (self.verdict["label"], self.verdict["who"])
-                                           != (new["label"], new["who"]))  # fmt: skip
-            self.verdict = new
-        if changed and self.rank == 0:
-            self._last_publish = float("-inf")  # a new verdict goes out at once, not at the next period
+            evidence, cached = self._evidence, self._links
+        if evidence is None:
+            return None
+        if cached is None or cached[0] is not evidence:
+            cached = self._links = (evidence, links_dict(evidence))
+        return cached[1]
 
     # -- what is published ---------------------------------------------------------------------
     def _recorded_steps(self) -> list[dict[str, Any]]:
@@ -395,19 +474,25 @@ class LiveMonitor:
     def _light_steps(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Without the profiler: the mean step time and time in collectives per step since the
         last snapshot."""
-        times, self._step_times = self._step_times, []
-        if not times:
+        (total, count), (seen, seen_count) = self._step_total, self._step_seen
+        self._step_seen = (total, count)
+        total, count = total - seen, count - seen_count
+        if not count:
             return []
         seconds = sum(r["seconds"] for r in rows)
         comm, self._seconds_in_calls = seconds - self._seconds_in_calls, seconds
-        mean = sum(times) / len(times)
-        return [{"step": self.steps, "step_s": mean, "communication": comm / len(times), "compute": None,
+        mean = total / count
+        return [{"step": self.steps, "step_s": mean, "communication": comm / count, "compute": None,
                  "exposed_communication": None, "overlap": None, "source": "step times"}]  # fmt: skip
 
     def _document(self, event: str | None) -> dict[str, Any]:
         """Built on the publisher's thread."""
         rows = metrics.call_rows(self.comm)
         steps = self._recorded_steps() or self._light_steps(rows)
+        links = None
+        if self.rank == 0:
+            self._classify()  # windows whose classifying task did not fit the queue
+            links = self._links_now()
         with self._lock:
             doc = {
                 "format": FORMAT, "run": self.run, "rank": self.rank, "size": self.size, "t": time.time(),
@@ -416,7 +501,7 @@ class LiveMonitor:
                 "step_count": self.steps,
             }  # fmt: skip
             if self.rank == 0:
-                doc.update(links=self.links, verdict=self.verdict, setup=self._setup(rows))
+                doc.update(links=links, verdict=self._verdict, setup=self._setup(rows))
         return doc
 
     def _setup(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
