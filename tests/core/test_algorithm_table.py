@@ -174,19 +174,21 @@ def test_the_formula_reader():
 
 def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
     """auto's rules 3 and 6 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an
-    unknown count) hierarchical at every size; on more, from 8 KiB up to ranks x 4 KiB (before
-    MPI's own), the ring above."""
+    unknown count) recursive doubling up to 8 KiB and hierarchical above, at every size; on more,
+    halving-doubling up to 8 KiB, hierarchical up to ranks x 4 KiB (before MPI's own), the ring
+    above."""
 
     def pick(nbytes, ranks, nodes):
         return zcoll.choose_algorithm(nbytes, ranks, shared_memory=False, node_hierarchy=True, nodes=nodes)
 
     for nodes in (0, 2):
         assert pick(64 << 20, 8 if nodes else 4, nodes) == "hierarchical"
+        assert pick(4096, 8 if nodes else 4, nodes) == "recursive_doubling"
     for ranks, nodes in ((64, 8), (256, 32), (1024, 128)):
         limit = ranks * 4096
         assert pick(limit, ranks, nodes) == "hierarchical", (ranks, nodes)
         assert pick(limit + 4, ranks, nodes) == "ring", (ranks, nodes)
-        assert pick(4096, ranks, nodes) == "recursive_doubling", (ranks, nodes)
+        assert pick(4096, ranks, nodes) == "halving_doubling", (ranks, nodes)
         assert pick(16384, ranks, nodes) == "hierarchical", "not MPI's: its edge is a one-node one"
     # a measured ring order still beats rank order's ring where hierarchical does not apply
     many = zcoll.choose_algorithm(
