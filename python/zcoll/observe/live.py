@@ -57,28 +57,41 @@ import urllib.request
 import uuid
 import warnings
 from collections import deque
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from .. import _C
-from ..core.diagnose import Diagnoser, LinkStats, Thresholds, Verdict, from_rows
+from ..core.diagnose import Diagnoser, LinkStats, Verdict, from_rows
 from . import metrics, trace
 
 FORMAT = "zcoll-monitor/1"
 QUEUE = 64  # snapshots waiting for the publisher; more are dropped
 ROWS = 32  # telemetry windows waiting to be classified; older ones are dropped (their weight
 # in the blended evidence is below 0.5^32 by then anyway)
-MIN_CALLS = Thresholds().min_calls
 
 
-def next_interval(rows: np.ndarray, steps: int, window: float, last: tuple[int, int] | None) -> int:
+def calls_needed(diagnoser: Diagnoser) -> Fraction:
+    """Collectives a window needs so that the blended evidence (each window plus `memory` x the
+    ones before) reaches the diagnoser's minimum: min_calls x (1 - memory), 1.5 by default."""
+    return Fraction(diagnoser.thresholds.min_calls) * (1 - Fraction(diagnoser.memory).limit_denominator(1000))
+
+
+def next_interval(
+    rows: np.ndarray,
+    steps: int,
+    window: float,
+    last: tuple[int, int] | None,
+    needed: Fraction = Fraction(3, 2),
+) -> int:
     """Steps to the next telemetry window from one window's gathered rows (the same on every
     rank, so every rank gets the same number): `window` seconds over the longer of rank 0's step
     time in the window before (`last`: rank 0's previous base_ns and that window's steps) and the
-    slowest rank's time in collectives per step in this one; and at least enough steps for
-    the diagnoser's minimum of collectives in a window (MIN_CALLS). Integer arithmetic: bit for bit the
-    same on every rank. 0 when the rows tell nothing yet (the first window, telemetry off)."""
+    slowest rank's time in collectives per step in this one; and at least the steps that make
+    `needed` collectives (calls_needed: a job of one collective per step, one step a window,
+    would never have the diagnoser's minimum). Integer arithmetic: bit for bit the same on every
+    rank. 0 when the rows tell nothing yet (the first window, telemetry off)."""
     if last is None:  # the time in collectives alone would overestimate the distance
         return 0
     per_step = int(rows[:, 3].max()) // max(1, steps)
@@ -86,8 +99,8 @@ def next_interval(rows: np.ndarray, steps: int, window: float, last: tuple[int, 
         per_step = max(per_step, (int(rows[0, 0]) - last[0]) // last[1])
     if per_step <= 0:
         return 0
-    calls = int(rows[:, 1].min())  # a window of fewer than the diagnoser's minimum tells nothing
-    least = -(-MIN_CALLS * steps // calls) if calls > 0 else 1
+    calls = int(rows[:, 1].min())
+    least = -(-needed.numerator * steps // (needed.denominator * calls)) if calls > 0 else 1
     return int(min(1000, max(least, 1, (int(window * 1e9) + per_step // 2) // per_step)))
 
 
@@ -290,6 +303,7 @@ class LiveMonitor:
         self._analysis = threading.Lock()
         self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0)
         self._no_verdict = self._diagnoser.current  # "healthy: no telemetry yet" until windows confirm one
+        self._needed = calls_needed(self._diagnoser)
         self.run = self._run_id()
         self._lock = threading.Lock()
         self._steps_out: list[dict[str, Any]] = []
@@ -384,7 +398,7 @@ class LiveMonitor:
 
         def window(comm: Any) -> int:
             rows = comm._link_stats_rows(True)
-            interval = next_interval(rows, steps, self.window, self._last_base)
+            interval = next_interval(rows, steps, self.window, self._last_base, self._needed)
             self._last_base = (int(rows[0, 0]), steps)
             self._take(rows)
             return interval
