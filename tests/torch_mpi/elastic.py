@@ -136,7 +136,7 @@ def report(loop: ElasticLoop, net: torch.nn.Module, rank0: int, loss0: float, lo
     digest = hashlib.sha1(b"".join(t.detach().numpy().tobytes() for t in net.parameters())).hexdigest()[:16]
     print(
         f"ZCOLL-FINAL rank={rank0} steps={loop.step} world={dist.get_world_size()} loss0={loss0:.5f} "
-        f"loss={loss:.8f} digest={digest}",
+        f"loss={loss:.12f} digest={digest}",
         flush=True,
     )
 
