@@ -10,7 +10,9 @@ Both modes:
    (10.77.0.1, so both ranks reach it: --public with a token, as the monitor requires off
    loopback); a headless chromium (selenium, Debian's chromium-driver) opens the page.
 3. The job is tests/mpi/monitor_job.py: an allreduce of 1 MiB and 4 ms of compute per step, a
-   LiveMonitor with --period and --window.
+   LiveMonitor with --period and --window; with --job ddp (inject only) tests/torch_mpi/
+   monitor_ddp_job.py: DDP on the zcoll backend, an MLP with about 1 MiB of gradients, the
+   LiveMonitor on the optimizer's hook (its windows through the group's worker).
 
 `inject` (the default): the job runs until told to stop. Once the page shows a healthy verdict,
 --injections times: link 1->0 is shaped to --slow with tc, the page is polled until its verdict
@@ -30,6 +32,7 @@ last; then one more run with the page open, whose suggestions must come from tha
 when the page showed both.
 
     python bench/monitor_testbed.py inject --injections 5 --screenshot docs/monitor.png
+    python bench/monitor_testbed.py inject --injections 5 --job ddp
     python bench/monitor_testbed.py history --runs 4 --history /tmp/h.sqlite
 """
 
@@ -52,7 +55,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CLONE_NEWNET = 0x40000000
-JOB = ROOT / "tests" / "mpi" / "monitor_job.py"
+JOBS = {
+    "plain": ROOT / "tests" / "mpi" / "monitor_job.py",
+    "ddp": ROOT / "tests" / "torch_mpi" / "monitor_ddp_job.py",
+}
 SHOWN = ("document.getElementById('verdict').dataset.who === '1->0' && "
          "document.getElementById('heat-bw').dataset.hotspot === '1->0'")  # fmt: skip
 HEALTHY = "document.getElementById('verdict').dataset.label === 'healthy'"
@@ -62,6 +68,8 @@ SUGGESTIONS = "Array.from(document.querySelectorAll('#suggestions li')).map((e) 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", nargs="?", default="inject", choices=("inject", "history"))
+    p.add_argument("--job", choices=sorted(JOBS), default="plain",
+                   help="inject: the plain-communicator job (default) or the DDP one")  # fmt: skip
     p.add_argument("--rate", default="400mbit", help="both links, healthy (default 400mbit)")
     p.add_argument("--slow", default="40mbit", help="link 1->0 when slow (default 40mbit)")
     p.add_argument("--period", type=float, default=0.5, help="the LiveMonitor's period (default 0.5 s)")
@@ -144,7 +152,7 @@ class Bed:
         return self.driver
 
     def job_argv(self, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "mpi4py", str(JOB), f"--url={self.server.url}", f"--token={self.token}",
+        return [sys.executable, "-m", "mpi4py", str(JOBS[self.args.job]), f"--url={self.server.url}", f"--token={self.token}",
                 f"--period={self.args.period}", f"--window={self.args.window}", *extra, "publish"]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -359,6 +367,12 @@ def history(args: argparse.Namespace, bed: Bed, path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.mode == "history" and args.job != "plain":
+        print(
+            "monitor_testbed: history runs the plain job (its --compression); --job ddp is for inject",
+            file=sys.stderr,
+        )
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Bed.close: no job left behind
     from zcoll.observe.history import History
     from zcoll.tools.testbed import Refused
