@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import time
 import warnings
+from fractions import Fraction
 
+import numpy as np
 import pytest
 from mpi_util import script_job
+from zcoll.core.diagnose import Diagnoser
 from zcoll.observe import history as hist
 from zcoll.observe import live, serve
 from zcoll.observe.monitor_state import MonitorState
@@ -103,3 +106,29 @@ def test_ddp_on_the_zcoll_backend():
     assert all(
         x["compute"] > 0 and x["exposed_communication"] >= 0 and x["communication"] > 0 for x in parts
     ), parts
+
+
+def _rows(base_ns: int, calls: int, seconds_in_calls: float, ranks: int = 2):
+    """Gathered telemetry rows with what next_interval reads: base_ns, calls, duration_sum."""
+    rows = np.zeros((ranks, 4 + ranks * 7), np.int64)
+    rows[:, 0], rows[:, 1], rows[:, 3] = base_ns, calls, int(seconds_in_calls * 1e9)
+    return rows
+
+
+def test_next_interval_from_the_gathered_rows():
+    """The steps to the next window, computed alike on every rank from the rows: from rank 0's
+    step time in the window before, shortened at once when the time in collectives jumps (a slow
+    link), never fewer steps than 1.5 collectives (the diagnoser's blended minimum)."""
+    needed = live.calls_needed(Diagnoser())
+    assert needed == Fraction(3, 2)
+    t0 = 10**12
+    last = (t0 - 8 * 30_000_000, 8)  # the window before: 8 steps of 30 ms on rank 0's clock
+    assert live.next_interval(_rows(t0, 16, 0.02), 8, 0.25, None, needed) == 0  # first window
+    assert live.next_interval(_rows(t0, 16, 0.02), 8, 0.25, last, needed) == 8  # 0.25 s / 30 ms
+    # this window's steps spent 200 ms each in collectives: the next window is one step long
+    # by time, but two steps make the 1.5 collectives of a one-collective-per-step job
+    assert live.next_interval(_rows(t0, 8, 8 * 0.2), 8, 0.25, last, needed) == 2
+    assert live.next_interval(_rows(t0, 16, 8 * 0.2), 8, 0.25, last, needed) == 1
+    assert live.next_interval(_rows(t0, 16, 0.0), 8, 1e-6, last, needed) == 1  # at least one step
+    assert live.next_interval(_rows(t0, 16, 0.0), 8, 1e3, last, needed) == 1000  # at most 1000
+    assert live.next_interval(_rows(t0, 0, 0.0), 8, 0.25, (t0, 8), needed) == 0  # telemetry off
