@@ -552,6 +552,17 @@ def build_sanitized(sanitizers: str = "address,undefined") -> Path:
     return site
 
 
+def check_sanitized(site: Path) -> None:
+    """Imports the sanitized build once the way the ranks will (preloaded runtimes, site first on
+    PYTHONPATH): a build that cannot load (say, half-rebuilt from sources edited under it) stops
+    the run here instead of failing every case as "did not run the sanitized build"."""
+    env = job_env({**sanitizer_env(), "PYTHONPATH": os.pathsep.join([str(site), str(TESTS_DIR)])})
+    probe = "import zcoll, zcoll._C as c; print(c.__file__)"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
+    if r.returncode != 0 or not r.stdout.strip().startswith(str(site)):
+        raise SystemExit(f"the sanitized build in {site} does not load:\n{(r.stdout + r.stderr)[-3000:]}")
+
+
 # -- the table -------------------------------------------------------------------------------------
 COLUMNS = ("cases", "passed", "crashes", "hangs", "unnamed", "late", "wrong", "torn_down", "worst_s")
 
@@ -701,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     site = None
     if a.sanitize:
         site = SANITIZE_DIR / "site" if a.no_build else build_sanitized()
+        check_sanitized(site)
     s = Settings(
         timeout=a.timeout,
         after=a.after,

@@ -7,7 +7,7 @@ import os
 import sys
 
 import pytest
-from mpi_util import ROOT, mpirun_argv, run
+from mpi_util import OPEN_MPI, ROOT, mpirun_argv, run
 from zcoll.tools import netns
 
 
@@ -19,7 +19,17 @@ from zcoll.tools import netns
 BUSY_LOAD = 2.0  # timing checks need a machine whose load average is below this many per core
 
 
-MPI_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "ZCOLL_SHM": "0"}
+# MPI's TCP path, so the shaped loopback carries every byte: MPICH's ofi netmod over tcp with no
+# shared memory between ranks; Open MPI's ob1 over its tcp transport alone.
+if OPEN_MPI:
+    MPI_TCP = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self", "ZCOLL_SHM": "0"}
+else:
+    MPI_TCP = {
+        "MPIR_CVAR_NOLOCAL": "1",
+        "MPIR_CVAR_CH4_NETMOD": "ofi",
+        "FI_PROVIDER": "tcp",
+        "ZCOLL_SHM": "0",
+    }
 
 
 CASES = {"compute": "", "overhead": "bucket", "link": "compression,accumulation"}
@@ -57,7 +67,9 @@ def slow_link(rate="1gbit"):
     try:
         ns = netns.RateLimitedLoopback(rate)
     except netns.Unavailable as e:
-        pytest.skip(f"cannot create a network namespace with a shaped loopback here (needs root, ip and tc): {e}")
+        pytest.skip(
+            f"cannot create a network namespace with a shaped loopback here (needs root, ip and tc): {e}"
+        )
     try:
         yield ns.name
     finally:
