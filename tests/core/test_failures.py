@@ -13,13 +13,15 @@ import tempfile
 import time
 
 import pytest
-from mpi_util import TESTS_DIR, mpirun_argv, run
+from mpi_util import OPEN_MPI, TESTS_DIR, mpirun_argv, run
 
 RANKS = 4
 VICTIM = RANKS - 1
 TIMEOUT = 2.0  # the communicators' deadline, seconds
 DUMP_DIR = tempfile.mkdtemp(prefix="zcoll-test-failures-")  # the failing ranks' flight recorders
-_RAISED = re.compile(r"ZCOLL-RAISED rank=(\d+) type=(\S+) t=([\d.]+) missing=\[([\d, ]*)\] lost=\[([\d, ]*)\]")
+_RAISED = re.compile(
+    r"ZCOLL-RAISED rank=(\d+) type=(\S+) t=([\d.]+) missing=\[([\d, ]*)\] lost=\[([\d, ]*)\]"
+)
 
 
 def _ranks(text: str) -> list:
@@ -38,13 +40,21 @@ def lose_rank(*args: str, launcher: tuple = (), env: dict = None, timeout: float
     shutil.rmtree(reports, ignore_errors=True)
     raised, messages = {}, {}
     for text in (out, said):
-        raised.update((int(m[1]), (m[2], float(m[3]), _ranks(m[4]), _ranks(m[5]))) for m in _RAISED.finditer(text))
+        raised.update(
+            (int(m[1]), (m[2], float(m[3]), _ranks(m[4]), _ranks(m[5]))) for m in _RAISED.finditer(text)
+        )
         messages.update((int(r), m) for r, m in re.findall(r"ZCOLL-MESSAGE rank=(\d+) (.*)", text))
     victim = re.search(r"ZCOLL-VICTIM rank=(\d+) signal=\S+ t=([\d.]+)", out)
     pids = [int(p) for p in re.findall(r"ZCOLL-PID rank=\d+ pid=(\d+)", out)]
-    return {"rc": rc, "out": out, "raised": raised, "messages": messages, "pids": pids,
-            "victim_t": float(victim[2]) if victim else None,
-            "broken": {int(r) for r in re.findall(r"ZCOLL-BROKEN rank=(\d+) BrokenError", out)}}
+    return {
+        "rc": rc,
+        "out": out,
+        "raised": raised,
+        "messages": messages,
+        "pids": pids,
+        "victim_t": float(victim[2]) if victim else None,
+        "broken": {int(r) for r in re.findall(r"ZCOLL-BROKEN rank=(\d+) BrokenError", out)},
+    }
 
 
 def assert_nothing_left(job: dict) -> None:
@@ -59,15 +69,18 @@ def assert_nothing_left(job: dict) -> None:
     assert not alive, f"processes left behind: {alive}\n{job['out']}"
 
 
-def assert_survivors_named_victim(job: dict, kind: str, within: float, words: str, attributes: bool = True,
-                                  victim: int = VICTIM) -> None:
+def assert_survivors_named_victim(
+    job: dict, kind: str, within: float, words: str, attributes: bool = True, victim: int = VICTIM
+) -> None:
     """Every rank but the victim raised `kind` within `within` s of the fault, naming the victim
     (in the exception's attributes unless `attributes` is False, and in its message)."""
     out = job["out"]
     assert job["rc"] != 0, out
     assert job["victim_t"] is not None, out
     delays = {r: round(job["raised"][r][1] - job["victim_t"], 2) for r in job["raised"] if r != victim}
-    print(f"\n{kind}: seconds from the fault to each survivor's exception: {delays}")  # the closing note's figures
+    print(
+        f"\n{kind}: seconds from the fault to each survivor's exception: {delays}"
+    )  # the closing note's figures
     for rank in range(RANKS):
         if rank == victim:
             continue
@@ -75,13 +88,19 @@ def assert_survivors_named_victim(job: dict, kind: str, within: float, words: st
         name, t, missing, lost = job["raised"][rank]
         assert kind in name, f"rank {rank} raised {name}:\n{out}"
         assert not attributes or missing == [victim], f"rank {rank} named {missing} missing:\n{out}"
-        assert t - job["victim_t"] <= within, f"rank {rank} raised {t - job['victim_t']:.2f} s after the fault:\n{out}"
-        assert f"rank {victim}" in job["messages"][rank] and words in job["messages"][rank], job["messages"][rank]
+        assert t - job["victim_t"] <= within, (
+            f"rank {rank} raised {t - job['victim_t']:.2f} s after the fault:\n{out}"
+        )
+        assert f"rank {victim}" in job["messages"][rank] and words in job["messages"][rank], job["messages"][
+            rank
+        ]
         if kind == "RankLostError":
             assert lost == [victim], out
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "mpi"])
+@pytest.mark.parametrize(
+    "algorithm", ["ring", "tree", "recursive_doubling", "halving_doubling", "shm", "mpi"]
+)
 def test_stopped_rank_is_named_by_every_other_rank(algorithm):
     env = None if algorithm == "shm" else {"ZCOLL_SHM": "0"}
     job = lose_rank("--signal", "STOP", "--algorithm", algorithm, "--timeout", str(TIMEOUT), env=env)
@@ -94,8 +113,19 @@ def test_stopped_middle_rank_of_a_large_ring_is_named_without_a_crash():
     """256 KiB: the ring's messages to the stopped rank are rendezvous sends still in flight when
     the deadline passes. Cancelling them crashed rank 0 inside MPICH (SIGSEGV in UCX's
     ucp_request_cancel); sends are now only freed."""
-    job = lose_rank("--signal", "STOP", "--algorithm", "ring", "--count", "65536", "--victim", "1",
-                    "--timeout", str(TIMEOUT), env={"ZCOLL_SHM": "0"})
+    job = lose_rank(
+        "--signal",
+        "STOP",
+        "--algorithm",
+        "ring",
+        "--count",
+        "65536",
+        "--victim",
+        "1",
+        "--timeout",
+        str(TIMEOUT),
+        env={"ZCOLL_SHM": "0"},
+    )
     assert "Segmentation fault" not in job["out"] and "signal 11" not in job["out"], job["out"]
     assert_survivors_named_victim(job, "TimeoutError", TIMEOUT + 2, "stopped", victim=1)
     assert_nothing_left(job)
@@ -106,7 +136,10 @@ def test_stopped_rank_is_named_through_ddp():
     # DDP re-raises the allreduce hook's zcoll.TimeoutError as a RuntimeError quoting it
     assert_survivors_named_victim(job, "zcoll.TimeoutError", TIMEOUT + 2, "stopped", attributes=False)
     for rank in range(VICTIM):
-        assert f"Never arrived (not heard from within 1 s of the failure): rank {VICTIM}" in job["messages"][rank]
+        assert (
+            f"Never arrived (not heard from within 1 s of the failure): rank {VICTIM}"
+            in job["messages"][rank]
+        )
     assert_nothing_left(job)
 
 
@@ -119,7 +152,8 @@ def test_work_wait_timeout_names_the_stopped_rank():
 
 
 def test_killed_rank_ends_the_job_fast():
-    """SIGKILL: hydra's mpirun tears the job down itself; every other rank exits non-zero."""
+    """SIGKILL: the launcher (hydra, Open MPI's prterun) tears the job down itself; every other
+    rank exits non-zero."""
     start = time.monotonic()
     job = lose_rank("--signal", "KILL", "--timeout", "600")
     assert job["rc"] != 0 and job["victim_t"] is not None, job["out"]
@@ -127,10 +161,14 @@ def test_killed_rank_ends_the_job_fast():
     assert_nothing_left(job)
 
 
+# mpirun's option to keep a job running when one of its processes exits: hydra's, Open MPI's
+NO_TEARDOWN = ("--enable-recovery",) if OPEN_MPI else ("-disable-auto-cleanup",)
+
+
 def test_exited_rank_is_named_lost_without_waiting_for_the_deadline():
     """The victim's process ends without a signal and the launcher does not tear the job down
-    (-disable-auto-cleanup): zcoll's own detection ends the others, long before the deadline."""
-    job = lose_rank("--signal", "EXIT", "--timeout", "600", launcher=("-disable-auto-cleanup",))
+    (NO_TEARDOWN): zcoll's own detection ends the others, long before the deadline."""
+    job = lose_rank("--signal", "EXIT", "--timeout", "600", launcher=NO_TEARDOWN)
     assert_survivors_named_victim(job, "RankLostError", 10, "has exited")
     assert_nothing_left(job)
 
