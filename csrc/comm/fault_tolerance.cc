@@ -122,8 +122,9 @@ Shrunk shrink_communicator(MpiCommunicator& old) {
   static_cast<void>(old);
 #else
   const std::int64_t start = fine_ns();
-  MPI_Comm comm = old.comm();
-  ZCOLL_REQUIRE(comm != MPI_COMM_NULL, "shrink: this communicator has been freed");
+  ZCOLL_REQUIRE(old.comm() != MPI_COMM_NULL, "shrink: this communicator has been freed");
+  MPI_Comm comm = old.shrink_comm();  // the message-free duplicate (mpi_communicator.cc)
+  ZCOLL_REQUIRE(comm != MPI_COMM_NULL, "shrink: this communicator was created without fault tolerance");
   // 1. revoke (another survivor may have revoked it first: that is success too)
   ZCOLL_MPI_CHECK(MPIX_Comm_revoke(comm));
   // 2. shrink: the agreement on the failed set, and the survivors' communicator

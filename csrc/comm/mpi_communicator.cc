@@ -280,6 +280,14 @@ MpiTransport::MpiTransport(MPI_Comm parent) {
   // Failure detection (the watchdog): an announcement channel and every rank's pid and machine.
   ZCOLL_MPI_CHECK(MPI_Comm_dup(comm_, &oob_));
   ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(oob_, MPI_ERRORS_RETURN));
+  // A shrink of comm_ itself, after a failed collective on it, left the survivors' communicator
+  // mismatching messages under Open MPI 5.0 (MPI_ERR_TRUNCATE, rendezvous sends that never
+  // complete, then crashes in the next revoke or shrink); one of a duplicate that carried no
+  // message works (docs/recovery.md). Every rank gets the same answer, so all or none dup.
+  if (shrink_unavailable_reason().empty()) {
+    ZCOLL_MPI_CHECK(MPI_Comm_dup(comm_, &ft_));
+    ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(ft_, MPI_ERRORS_RETURN));
+  }
   // The third number names the communicator alike on every rank (rank 0's creation count).
   static std::atomic<std::int64_t> created{0};
   const std::int64_t mine[3] = {static_cast<std::int64_t>(getpid()), static_cast<std::int64_t>(machine_identity()),
@@ -339,12 +347,13 @@ void MpiTransport::free() {
   MPI_Status st;
   if (!finalized && oob_ != MPI_COMM_NULL) MPI_Iprobe(MPI_ANY_SOURCE, kTagStatus, oob_, &announced, &st);
   MPI_Win window = arena_window_;
-  MPI_Comm comm = comm_, oob = oob_;
+  MPI_Comm comm = comm_, oob = oob_, ft = ft_;
   arena_window_ = MPI_WIN_NULL;
   arena_.regions.clear();
-  comm_ = oob_ = MPI_COMM_NULL;
+  comm_ = oob_ = ft_ = MPI_COMM_NULL;
   if (finalized || watchdog().broken() || announced) return;
   if (window != MPI_WIN_NULL) ZCOLL_MPI_CHECK(MPI_Win_free(&window));
+  if (ft != MPI_COMM_NULL) ZCOLL_MPI_CHECK(MPI_Comm_free(&ft));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&oob));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&comm));
 }

@@ -81,6 +81,10 @@ class MpiTransport final : public Transport,
   Topology read_topology(const std::vector<int>& node_of) const;
 
   MPI_Comm comm() const { return comm_; }
+  // The duplicate a shrink revokes and shrinks (comm/fault_tolerance.h): it never carries a
+  // message, so the survivors' communicator starts from a communicator with no history.
+  // MPI_COMM_NULL where this MPI or job cannot shrink.
+  MPI_Comm shrink_comm() const { return ft_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
   int machine_ranks() const { return machine_ranks_; }
   void free();  // MpiCommunicator::free()
@@ -93,6 +97,7 @@ class MpiTransport final : public Transport,
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)
+  MPI_Comm ft_ = MPI_COMM_NULL;   // shrink_comm()
   int rank_ = 0;
   int size_ = 1;
   int machine_ranks_ = 1;
@@ -117,6 +122,7 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(MPI_Comm parent);
 
   MPI_Comm comm() const { return mpi_.comm(); }
+  MPI_Comm shrink_comm() const { return mpi_.shrink_comm(); }
   WaitPolicy wait_policy() const { return mpi_.wait_policy(); }
   int machine_ranks() const { return mpi_.machine_ranks(); }  // ranks on this machine (one kernel), any node
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
