@@ -105,7 +105,9 @@ def test_stopped_rank_is_named_by_every_other_rank(algorithm):
     env = None if algorithm == "shm" else {"ZCOLL_SHM": "0"}
     job = lose_rank("--signal", "STOP", "--algorithm", algorithm, "--timeout", str(TIMEOUT), env=env)
     assert_survivors_named_victim(job, "TimeoutError", TIMEOUT + 2, "stopped")
-    assert job["broken"] == {0, 1, 2}, job["out"]  # the next call raised BrokenError at once
+    # every survivor's next call raised BrokenError at once (Open MPI's prterun wakes a stopped
+    # process with SIGCONT before it terminates it, so the victim may get as far as saying so too)
+    assert job["broken"] - {VICTIM} == {0, 1, 2}, job["out"]
     assert_nothing_left(job)
 
 

@@ -6,6 +6,7 @@ import itertools
 import json
 import sys
 
+import engines
 import numpy as np
 import pytest
 import zcoll
@@ -74,7 +75,9 @@ def write_probe(path, node_of, slow=(0, 1)):
     ranks but the directed link `slow`, at a quarter of that."""
     p = len(node_of)
     bw = [[None if i == j else 0.25e9 if (i, j) == slow else 1e9 for j in range(p)] for i in range(p)]
-    path.write_text(json.dumps({"format": "zcoll-probe/1", "size": p, "node_of": node_of, "bandwidth_bytes_per_s": bw}))
+    path.write_text(
+        json.dumps({"format": "zcoll-probe/1", "size": p, "node_of": node_of, "bandwidth_bytes_per_s": bw})
+    )
     return path
 
 
@@ -104,6 +107,8 @@ def test_topology_of_another_placement_refused(tmp_path):
 def testbed_launcher():
     """2 nodes x 2 ranks in network namespaces, 1 Gbit/s between them (skipped where this machine
     refuses namespaces: the reason says what is missing)."""
+    if engines.name() == "openmpi":
+        pytest.skip(engines.TESTBED_NEEDS_HYDRA)
     tb = testbed.Testbed([2, 2], inter="1gbit")
     try:
         tb.create()
