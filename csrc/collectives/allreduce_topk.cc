@@ -178,10 +178,13 @@ void topk_select_segment(const void* in, DType dtype, float* residual, const Top
     kernels::cast(static_cast<const unsigned char*>(in) + b * dtype_size(dtype), dtype, w, DType::kFloat32, n);
     g = w;
   }
+  // The segment samples its share of the whole tensor's sample (same pairs, less sampling).
+  const std::size_t sample = kernels::topk_sample_share(L.begin.back(), n);
+  const auto m = kernels::TopkMethod::kSampled;
   if (residual)
-    kernels::topk_ef(g, residual + b, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+    kernels::topk_ef(g, residual + b, n, k, idx, val, m, seed, kernels::KernelImpl::kDispatch, sample);
   else
-    kernels::topk(g, n, k, idx, val, kernels::TopkMethod::kSampled, seed);
+    kernels::topk(g, n, k, idx, val, m, seed, kernels::KernelImpl::kDispatch, sample);
   for (std::size_t i = 0; i < k; ++i) idx[i] += static_cast<std::uint32_t>(b);
 }
 

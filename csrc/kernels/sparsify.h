@@ -23,9 +23,11 @@
 // ---- Top-k methods ------------------------------------------------------------------------
 //   kExact    |x| bits of all n elements, std::nth_element, then one selection pass.
 //             Cost: 4n bytes of scratch, O(n) but ~20 ns per element (0.2-0.4 GB/s).
-//   kSampled  1. |x| of s = clamp(n/64, 1024, 65536) elements, one at a seeded random position
-//                in each of s equal strata (increasing addresses: the prefetcher follows, and a
-//                segment of a blockwise top-k pays little for its own sample);
+//   kSampled  1. |x| of s = clamp(n/64, 1024, 65536) elements (`sample` when given: a segment of
+//                a larger tensor passes topk_sample_share, its share of the whole tensor's s, so
+//                cutting a tensor into segments does not multiply its sampling), one at a seeded
+//                random position in each of s equal strata (increasing addresses: the
+//                prefetcher follows);
 //             2. T = the sample's r-th largest, r = mu + 4 sqrt(mu) + 4, mu = s k / n, so that
 //                |x| >= T holds for a few sigma more than k elements;
 //             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| > T and the first
@@ -50,15 +52,23 @@ namespace zcoll::kernels {
 
 enum class TopkMethod : int { kExact = 0, kSampled = 1 };
 
-// Writes exactly k pairs (k <= n, else std::invalid_argument). The seed only steers sampling.
+// Writes exactly k pairs (k <= n, else std::invalid_argument). The seed and `sample` (positions
+// sampled, 0: topk_sample_size(n)) only steer sampling: the pairs are the same for any of them.
 void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
           TopkMethod method = TopkMethod::kSampled, std::uint64_t seed = 0,
-          KernelImpl impl = KernelImpl::kDispatch);
+          KernelImpl impl = KernelImpl::kDispatch, std::size_t sample = 0);
 
 // r = g + e; top-k of r into (idx, val); e = r except e[idx[j]] = 0. e is in/out (float32).
 void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32_t* idx, float* val,
              TopkMethod method = TopkMethod::kSampled, std::uint64_t seed = 0,
-             KernelImpl impl = KernelImpl::kDispatch);
+             KernelImpl impl = KernelImpl::kDispatch, std::size_t sample = 0);
+
+// kSampled's sample of n elements: clamp(n / 64, 1024, 65536).
+std::size_t topk_sample_size(std::size_t n);
+
+// The sample of a segment of n elements of a tensor of `total`: its share of
+// topk_sample_size(total), at least min(256, n), at most topk_sample_size(n).
+std::size_t topk_sample_share(std::size_t total, std::size_t n);
 
 // A threshold t for which about k elements have |x| > t, from a seeded sample (no pass over x).
 float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t seed = 0);
