@@ -5,9 +5,13 @@
 // memory) on it.
 //
 // Phases, on every surviving rank (after its collective raised RankLostError / TimeoutError):
-//   1. revoke   MPIX_Comm_revoke(old): every survivor still inside an operation on the old
-//               communicator returns from it (MPIX_ERR_REVOKED), so none waits for a dead rank;
-//   2. shrink   MPIX_Comm_shrink(old, &new): a fault-tolerant agreement on the failed set and
+//   1. revoke   MPIX_Comm_revoke of the old transport's shrink duplicate (MpiTransport::
+//               shrink_comm(): made at creation, never carries a message). Survivors still in a
+//               zcoll call on the old communicator leave it through the watchdog (announcements,
+//               liveness, deadline), not through the revoke: revoking and shrinking the
+//               communicator that carried the failed call left the survivors' communicator
+//               mismatching rendezvous messages under Open MPI 5.0.11 (MPI_ERR_TRUNCATE);
+//   2. shrink   MPIX_Comm_shrink(dup, &new): a fault-tolerant agreement on the failed set and
 //               a communicator of the others, in their old order (local to the survivors,
 //               measured here well under a millisecond once MPI knows of the failure);
 //   3. agree    the kept ranks (old numbering) from the two groups, and one allreduce on the new
