@@ -56,7 +56,7 @@ end normally after their report, through MPI_Finalize), --mpirun-arg=-disable-au
 Timing on 2 cores at --timeout 3: a stop case takes about 6.5 s (the deadline, 1 s of grace, the
 linger), a raise case about 2.5 s (the victim announces that it left), a kill case about 1 s
 (hydra tears the job down); the whole matrix (1080 cases) about 65-75 minutes, the same under
---sanitize plus about 15 minutes for its first build. Run it on a quiet machine: the bound on
+--sanitize plus its build (about 30 minutes from scratch on 2 loaded cores, -O1 -g). Run it on a quiet machine: the bound on
 fault-to-raise seconds is a timing check.
 """
 
