@@ -42,9 +42,10 @@ own node.
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -95,14 +96,13 @@ def from_rows(rows: np.ndarray) -> LinkStats:
 
     nbytes = peer[:, :, 0].astype(np.float64)
     messages = peer[:, :, 1].astype(np.float64)
-    busy = np.full((p, p), np.nan)
-    for i in range(p):
-        for j in range(p):
-            sends, recvs = int(peer[i, j, 1]), int(peer[j, i, 4])
-            if sends and sends == recvs:
-                posted = int(peer[i, j, 2]) + sends * shift[i]
-                done = int(peer[j, i, 5]) + recvs * shift[j]
-                busy[i, j] = (done - posted) / 1e9
+    # busy[i, j]: rank j's receive completions minus rank i's send posts, in rank 0's clock. Both
+    # sums are relative to their rank's window start, so only the start difference is scaled by
+    # the count: every term stays a small exact int64.
+    sends, recvs = peer[:, :, 1], peer[:, :, 4].T
+    start = np.array(shift, dtype=np.int64)
+    ns = (peer[:, :, 5].T - peer[:, :, 2]) + sends * (start[None, :] - start[:, None])
+    busy = np.where((sends > 0) & (sends == recvs), ns / 1e9, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         latency = busy / messages
         gbps = nbytes / busy / 1e9
@@ -241,7 +241,7 @@ def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[n
     p = stats.ranks
     active = (stats.bytes >= t.min_link_bytes) & np.isfinite(stats.busy) & (stats.busy > 0)
     per_byte = np.where(active, stats.busy / np.maximum(stats.bytes, 1), np.nan)
-    same_node = np.array([[nodes[i] == nodes[j] for j in range(p)] for i in range(p)])
+    same_node = _same_node(nodes)
     slowness = np.full((p, p), np.nan)
     for tier in (True, False):
         mask = active & (same_node == tier)
@@ -249,6 +249,13 @@ def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[n
         if mask.sum() >= 2:
             slowness[mask] = per_byte[mask] / np.percentile(per_byte[mask], 25)
     return active, slowness
+
+
+def _same_node(nodes: List[Any]) -> np.ndarray:
+    """same[i, j]: ranks i and j share a node."""
+    labels = np.empty(len(nodes), dtype=object)
+    labels[:] = nodes
+    return np.equal.outer(labels, labels).astype(bool)
 
 
 def _slow_links(slowness: np.ndarray, t: Thresholds) -> List[Tuple[int, int]]:
@@ -285,8 +292,7 @@ def _slowest_node(slowness: np.ndarray, active: np.ndarray, nodes: List[Any],
     """The node whose outgoing (or incoming) links are slowest against the links avoiding it
     (lower median over median), if node_threshold x. Outgoing first: between two nodes, one's slow egress
     is the other's slow ingress, and shaping happens on egress. (ratio, node, "out"/"in", links)."""
-    p = len(nodes)
-    between = active & np.array([[nodes[i] != nodes[j] for j in range(p)] for i in range(p)])
+    between = active & ~_same_node(nodes)
     between &= np.isfinite(slowness)
 
     def ratio(links: List[Tuple[int, int]], avoid: Any) -> float:
@@ -349,7 +355,7 @@ class Diagnoser:
     """Windows of telemetry in, a stable label out. Each window is classified together with the
     earlier ones at `memory` x the weight per window (blend), and a new label replaces the
     current one only after `confirm` consecutive windows gave it; each change is logged once
-    (logging, "zcoll")."""
+    (logging, "zcoll"). `history` keeps the verdicts of the last that many windows."""
 
     def __init__(
         self,
@@ -359,6 +365,7 @@ class Diagnoser:
         thresholds: Thresholds = Thresholds(),
         name: str = "zcoll",
         quiet: bool = False,
+        history: int = 256,
     ):
         self.nodes = nodes
         self.confirm = confirm
@@ -370,7 +377,7 @@ class Diagnoser:
         self.current = Verdict("healthy", evidence="no telemetry yet")
         self._candidate: Optional[Verdict] = None
         self._streak = 0
-        self.history: List[Verdict] = []
+        self.history: Deque[Verdict] = collections.deque(maxlen=history)  # the latest verdicts
 
     def update(self, stats: LinkStats) -> Verdict:
         self.evidence = blend(self.evidence, stats, self.memory)

@@ -425,7 +425,6 @@ class LiveMonitor:
             while self._rows:
                 stats = from_rows(self._rows.popleft())
                 verdict = self._diagnoser.update(stats)
-                del self._diagnoser.history[:-ROWS]  # it keeps every window's; a long run needs no more
                 new = None if verdict is self._no_verdict else verdict_dict(verdict)
                 with self._lock:
                     old = self._verdict
