@@ -45,10 +45,15 @@ std::string library_version() {
 // Open MPI: whether this job runs with fault tolerance (`mpirun --with-ft ulfm` turns on the MCA
 // parameter mpi_ft_enable), read through the MPI tool interface; the environment where that
 // interface does not say. Without it a dead rank ends the whole job.
+// The tool interface is started at the thread level MPI already provides: Open MPI 5 keeps
+// MPI_T_init_thread's level as the library's own, so asking for MPI_THREAD_SINGLE here left a
+// MPI_THREAD_MULTIPLE job reporting MPI_THREAD_SINGLE (MPI_Query_thread read 0 afterwards, and
+// the torch backend refused every subgroup).
 bool open_mpi_ft_enabled() {
-  int provided = 0;
+  int level = MPI_THREAD_SINGLE, provided = 0;
+  MPI_Query_thread(&level);
   bool known = false, on = false;
-  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
+  if (MPI_T_init_thread(level, &provided) == MPI_SUCCESS) {
     int index = 0, count = 0;
     MPI_T_cvar_handle handle;
     if (MPI_T_cvar_get_index("mpi_ft_enable", &index) == MPI_SUCCESS &&
