@@ -69,3 +69,12 @@ TESTBED_NEEDS_HYDRA = (
     "zcoll.tools.testbed launches through hydra only (-launcher fork -hosts -rankmap); on Open MPI it "
     "would need a prted inside each network namespace, which it does not start yet"
 )
+
+# zcoll joins a torchrun job by serving MPICH's PMI-1 start-up protocol from torch's store
+# (zcoll.core.store_launch); Open MPI starts only through PMIx, so there each worker would be a
+# job of its own and zcoll refuses at init_process_group instead.
+TORCHRUN_NEEDS_PMI1 = (
+    "zcoll joins a torchrun job through MPICH's PMI-1 protocol; Open MPI starts only through PMIx "
+    "(its mpirun), so on Open MPI init_process_group refuses under torchrun (tested by "
+    "test_torchrun_on_open_mpi_says_to_use_mpirun)"
+)

@@ -6,10 +6,14 @@ arrives, when one states another WORLD_SIZE, and when the store goes away (in th
 torchrun launch, before its cases: four launches in all)."""
 
 import functools
+import os
 import re
+import subprocess
+import sys
 
+import engines
 import pytest
-from mpi_util import BIN_DIR, script_job, tail
+from mpi_util import script_job, tail
 
 SCRIPT = "torch_mpi/launchers.py"
 CASES = ("collectives", "torch_ops", "nodes")
@@ -20,13 +24,24 @@ _ERROR = re.compile(r"ZCOLL-ERROR (\w+) rank (\d+) after ([\d.]+) s: (.*)")
 
 
 def torchrun_cmd(ranks: int, *args) -> list:
-    return [str(BIN_DIR / "torchrun"), "--standalone", "--nproc-per-node", str(ranks), *map(str, args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        *map(str, args),
+    ]
 
 
 @functools.cache  # one launcher object per size: script_job keys on it
 def torchrun_launcher(ranks: int):
     return lambda argv: torchrun_cmd(ranks, "--tee", "3", *argv[3:])  # argv: python -m mpi4py script ...
 
+
+ON_OPENMPI = engines.name() == "openmpi"
+needs_pmi1 = pytest.mark.skipif(ON_OPENMPI, reason=engines.TORCHRUN_NEEDS_PMI1)
 
 FAULTS = ("size", "missing", "store")
 # The 2-worker torchrun launch goes through every fault first, then runs the cases: one launch
@@ -49,6 +64,7 @@ def digest(job, case: str) -> str:
     return found[case]
 
 
+@needs_pmi1
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("case", CASES)
 def test_torchrun_matches_mpirun(case, ranks):
@@ -69,6 +85,7 @@ def fault_errors() -> tuple:
     return {(m.group(1), int(m.group(2))): (float(m.group(3)), m.group(4)) for m in _ERROR.finditer(out)}, out
 
 
+@needs_pmi1
 def test_a_worker_that_never_arrives_is_named_within_the_timeout():
     errors, out = fault_errors()
     assert ("missing", 0) in errors, tail(out)
@@ -77,6 +94,7 @@ def test_a_worker_that_never_arrives_is_named_within_the_timeout():
     assert 4 <= seconds < 10, f"named after {seconds} s"
 
 
+@needs_pmi1
 def test_a_mismatched_world_size_fails_on_every_rank():
     errors, out = fault_errors()
     assert [r for f, r in sorted(errors) if f == "size"] == [0, 1], tail(out)
@@ -86,8 +104,23 @@ def test_a_mismatched_world_size_fails_on_every_rank():
         assert seconds < 25, f"a mismatch should fail at once, took {seconds} s"
 
 
+@needs_pmi1
 def test_a_store_that_goes_away_is_named():
     errors, out = fault_errors()
     assert ("store", 1) in errors, tail(out)
     seconds, message = errors[("store", 1)]
     assert "store" in message and seconds < 30, message
+
+
+@pytest.mark.skipif(not ON_OPENMPI, reason="Open MPI's refusal; MPICH joins torchrun (the tests above)")
+@pytest.mark.timeout(180)
+def test_torchrun_on_open_mpi_says_to_use_mpirun():
+    code = "import torch.distributed as dist, zcoll.torch; dist.init_process_group('zcoll')"
+    argv = torchrun_cmd(2, "--no-python", sys.executable, "-c", code)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=150, env={**os.environ, **engines.OMPI_JOB_ENV}
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, tail(out)
+    assert out.count("built against Open MPI") >= 2, tail(out)  # each worker, none waiting
+    assert "mpirun -n N" in out and "MPICH" in out, tail(out)

@@ -105,6 +105,7 @@ def join(
     global _server
     if mpi_initialized():
         raise RuntimeError("zcoll: MPI is already initialised; it cannot join the launcher's job any more")
+    _require_pmi1_engine()
     labels = arrive(store, rank, size, node, timeout, prefix)
     index: dict[str, int] = {}
     nodes = [index.setdefault(label, len(index)) for label in labels]
@@ -132,6 +133,23 @@ def join(
     if rc != 0 or server.error:
         raise RuntimeError(f"zcoll: MPI_Init_thread failed (error {rc}): {server.error or 'see stderr'}")
     _server = server
+
+
+def _require_pmi1_engine() -> None:
+    """The join answers MPICH's PMI-1 wire protocol; Open MPI starts through PMIx (a prterun or
+    a PMIx server of the launcher), and without one MPI_Init makes each process a singleton
+    job of one rank. Said before any rank waits for the others."""
+    version = _C.mpi_library_version()
+    if "Open MPI" not in version:
+        return
+    raise RuntimeError(
+        "zcoll: this zcoll is built against Open MPI ("
+        + version.split(",")[0].strip()
+        + "), which torchrun cannot start: zcoll joins a torchrun job by serving MPICH's PMI-1 "
+        "start-up protocol, and Open MPI starts only through PMIx (its mpirun / prterun). Launch "
+        "with `mpirun -n N python train.py` (init_process_group takes mpirun's ranks), or use "
+        "zcoll built against MPICH (the default `pip install`) to keep torchrun"
+    )
 
 
 def _kvsname(prefix: str) -> str:
