@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 import pytest
-from mpi_util import BIN_DIR, case_names, run, script_job
+from mpi_util import case_names, run, script_job
 from zcoll.observe import flight
 
 DUMP_DIR = tempfile.mkdtemp(prefix="zcoll-test-dumps-")
@@ -131,7 +131,10 @@ def test_torch_analyzer_names_the_rank_that_never_came_and_the_mismatch(tmp_path
     rc, out = run([sys.executable, "-m", "zcoll", "flight", "--to-torch", f"{DUMP_DIR}/4", "--out", tmp_path / "fr"],
                   timeout=60)  # fmt: skip
     assert rc == 0 and "4 files for torch's analyzer" in out, out
-    rc, text = run([BIN_DIR / "torchfrtrace", tmp_path / "fr"], timeout=120)
+    # torch's torchfrtrace script, through this Python (the Open MPI venv links torch, not its scripts)
+    rc, text = run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp_path / "fr"], timeout=120
+    )
     assert rc == 0, text
     assert "Not all ranks joining collective, sequence number: 4" in text and "missing ranks: {3}" in text, (
         text
