@@ -16,13 +16,17 @@ import shutil
 import subprocess
 
 import pytest
-from mpi_util import BIN_DIR, ROOT, run
+from mpi_util import BIN_DIR, OPEN_MPI, ROOT, run
 
 BINARY = BIN_DIR / "zcoll_cpp_tests"
 TIMEOUT = 300  # seconds per group; the whole program takes 20-60 s on 2 busy cores
 # ctest -V prefixes each line of a test's output with the test's number
-SUMMARY = re.compile(r"^(?:\d+: )?zcoll_cpp_tests: (\d+) tests, (\d+) checks, (\d+) failed checks in (\d+) tests", re.M)
-CTEST_DIR = next((d for d in sorted(ROOT.glob("build/cp*")) if (d / "CTestTestfile.cmake").exists()), None)
+SUMMARY = re.compile(
+    r"^(?:\d+: )?zcoll_cpp_tests: (\d+) tests, (\d+) checks, (\d+) failed checks in (\d+) tests", re.M
+)
+# the tree of the engine this environment runs (./dev.sh --engine openmpi builds in build/ompi-*)
+_BUILD_GLOB = "build/ompi-cp*" if OPEN_MPI else "build/cp*"
+CTEST_DIR = next((d for d in sorted(ROOT.glob(_BUILD_GLOB)) if (d / "CTestTestfile.cmake").exists()), None)
 
 
 def group_command(group: str) -> list:
