@@ -473,6 +473,18 @@ Request MpiTransport::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   return active_request(to_handle(r), peer);
 }
 
+// After MPI_Test / MPI_Wait, before check_wait may throw: a request that completed, with an error
+// too (a lost peer under ULFM, a revoked communicator), has been freed by MPI and its handle set
+// to MPI_REQUEST_NULL. Left active with the old handle, the failed call's clean-up (cancel) would
+// MPI_Cancel and MPI_Request_free a request MPI had already freed and perhaps handed to a later
+// call: Open MPI's ob1 then unlinks it from a queue twice and returns it to its free list twice,
+// and one of the survivors crashed inside ob1 a few calls after the shrink. Still pending (an
+// error on a wildcard receive), it stays active and is cancelled as before.
+void MpiTransport::settle(Request& request, MPI_Request r) {
+  request.handle = to_handle(r);
+  if (r == MPI_REQUEST_NULL) request.active = false;
+}
+
 void MpiTransport::check_wait(int rc, int peer) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -492,13 +504,17 @@ void MpiTransport::wait(Request& request) {
   if (ZCOLL_WITH_SMPI) {
     // Simulated time advances only while a rank blocks: polling would stall the simulation or,
     // with SMPI's per-test delay, round every wait up to that delay. No deadline in a simulation.
-    check_wait(MPI_Wait(&r, MPI_STATUS_IGNORE), request.peer);
+    const int rc = MPI_Wait(&r, MPI_STATUS_IGNORE);
+    settle(request, r);
+    check_wait(rc, request.peer);
     request.active = false;
     return;
   }
   Backoff backoff(wait_policy_ == WaitPolicy::kYield);
   for (int done = 0;;) {
-    check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), request.peer);
+    const int rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    settle(request, r);
+    check_wait(rc, request.peer);
     if (done) break;
     backoff.pause();
     watchdog().poll(request.peer);
@@ -510,7 +526,9 @@ bool MpiTransport::test(Request& request) {
   if (!request.active) return true;
   MPI_Request r = from_handle(request.handle);
   int done = 0;
-  check_wait(MPI_Test(&r, &done, MPI_STATUS_IGNORE), request.peer);
+  const int rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+  settle(request, r);
+  check_wait(rc, request.peer);
   if (done) request.active = false;
   return done != 0;
 }

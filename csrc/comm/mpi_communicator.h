@@ -92,6 +92,7 @@ class MpiTransport final : public Transport,
  private:
   // An MPI return code of a wait: failures become the watchdog's failure naming `peer`.
   void check_wait(int rc, int peer);
+  static void settle(Request& request, MPI_Request r);  // the handle MPI_Test/MPI_Wait left
   bool same_machine(int peer) const;
   bool probe_peer_reads();  // collective: whether every rank can read every other's memory
 
