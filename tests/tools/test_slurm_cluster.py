@@ -9,7 +9,7 @@ import re
 import shutil
 
 import pytest
-from mpi_util import ROOT, run, script_job, tail
+from mpi_util import OPEN_MPI, ROOT, run, script_job, tail
 
 CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 SCRIPT = "torch_mpi/launchers.py"
@@ -35,9 +35,14 @@ def slurm_conf(tmp_path_factory):
         run(["bash", CLUSTER, "stop"], env=where, timeout=60)
 
 
+# Slurm's plugin that serves the engine's start-up: PMI-2 for MPICH, PMIx for Open MPI (which has
+# no PMI-2 client: under --mpi=pmi2 each task would be a job of one rank)
+SRUN_MPI = "--mpi=pmix" if OPEN_MPI else "--mpi=pmi2"
+
+
 def srun_launcher(argv: list) -> list:
     """srun of argv on 2 tasks, each line marked with its rank as mpirun -prepend-rank does."""
-    srun = ["srun", "-N", "1", "-n", "2", "--overcommit", "--mpi=pmi2", "--label", *map(str, argv)]
+    srun = ["srun", "-N", "1", "-n", "2", "--overcommit", SRUN_MPI, "--label", *map(str, argv)]
     return ["bash", "-o", "pipefail", "-c", r'"$@" 2>&1 | sed -uE "s/^ *([0-9]+): /[\1] /"', "srun", *srun]
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import engines
 import pytest
 from mpi_util import case_names, run, script_job
 from zcoll.observe import probe
@@ -32,6 +33,10 @@ PROBE_TIMEOUT = 240
 def namespaces() -> set:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.split()}
+
+
+# the tests that start MPI inside the namespaces (the others only shape links)
+needs_hydra = pytest.mark.skipif(engines.name() == "openmpi", reason=engines.TESTBED_NEEDS_HYDRA)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +58,7 @@ def run_probe(tb, out: Path, *flags, placement=None):
     return probe.load(out / "probe.json"), text
 
 
+@needs_hydra
 def test_probe_finds_nodes_rates_and_the_slow_link(allowed, tmp_path):
     with testbed.Testbed([2, 2], inter="1gbit", links={(1, 0): "250mbit"}) as tb:
         r, text = run_probe(tb, tmp_path / "probe", "--budget", "0.6")
@@ -77,6 +83,7 @@ def test_probe_finds_nodes_rates_and_the_slow_link(allowed, tmp_path):
     assert sent[(0, 1)] > 4 * (1 << 20) and sent[(1, 0)] > 4 * (1 << 20), sent
 
 
+@needs_hydra
 def test_rates_change_while_running(allowed, tmp_path):
     with testbed.Testbed([1, 1], inter="1gbit") as tb:
         tb.set_rate(0, 1, "100mbit")
@@ -120,17 +127,20 @@ def tcp_launcher(allowed):
         yield launcher_for(tb)
 
 
+@needs_hydra
 @pytest.mark.parametrize("case", case_names("mpi/nodes.py"))
 def test_nodes_in_namespaces(launchers, case):
     script_job("mpi/nodes.py", 4, "--nodes=0,0,1,2", launcher=launchers["blocked"]).check(case)
 
 
+@needs_hydra
 @pytest.mark.parametrize("case", case_names("mpi/nodes.py"))
 def test_nodes_interleaved(launchers, case):
     # ranks 0 and 3 on node 0: hydra's -rankmap places them, ZCOLL_NODE_ID names them
     script_job("mpi/nodes.py", 4, "--nodes=0,1,2,0", launcher=launchers["interleaved"]).check(case)
 
 
+@needs_hydra
 @pytest.mark.parametrize("case", case_names("mpi/nodes.py"))
 def test_nodes_with_tcp_within_a_node(tcp_launcher, case):
     script_job("mpi/nodes.py", 3, "--nodes=0,0,1", launcher=tcp_launcher).check(case)
@@ -202,6 +212,7 @@ def test_command_line_runs_in_a_node_and_cleans_up(allowed):
     assert not any(n.startswith(prefix) for n in namespaces()), out
 
 
+@needs_hydra
 def test_command_line_runs_mpi_across_nodes(allowed):
     code = ("from mpi4py import MPI; import os, sys; "  # one write per line: ranks' output interleaves
             "sys.stdout.write(f\"rank {MPI.COMM_WORLD.rank} {os.environ['ZCOLL_NODE_ID']}\\n\")")
