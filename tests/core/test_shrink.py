@@ -92,12 +92,6 @@ def test_survivors_shrink_and_go_on(victim):
 
 
 @needs_openmpi
-@pytest.mark.xfail(
-    reason="open: the survivors now shrink and resume at the step in flight (0.06-0.08 s after the "
-    "kill), but one survivor's process often segfaults inside Open MPI's ob1 later, in the digests "
-    "(docs/recovery.md, Measured)",
-    strict=False,
-)
 def test_kill_inside_a_collective_loses_at_most_that_step():
     """The victim dies 20 ms into a 4 MiB ring allreduce: survivors that completed it roll back."""
     out = recovery_job("--victim", "3", "--count", str(1 << 20), "--mid-call", "0.02", "--steps", "16")
