@@ -80,24 +80,33 @@ class ShrinkOps:
 
         lost = sorted(set(range(self.size())) - set(keep))
         if not _C.shrink_unavailable_reason() and self._known_failed(MPI, lost, FAILURE_GRACE_S):
-            self._base.Revoke()
-            comm = self._base.Shrink()
-            kept = members_in(comm, self._base)
-            if kept != keep:
-                comm.Free()
-                raise RuntimeError(
-                    f"zcoll shrink: MPI's fault-tolerant shrink kept ranks {kept} of this group, torch's "
-                    f"shrink_group asked for {keep}: ranks {sorted(set(keep) - set(kept))} were lost as well "
-                    "(MPI_ERR_PROC_FAILED); shrink_group them out too"
-                )
-            return comm
+            return self._revoke_and_shrink(keep)
         everyone = self._base.Get_group()
         group = everyone.Incl(keep)
         try:
             return self._base.Create_group(group, tag=tag)
+        except MPI.Exception as e:
+            # another survivor learnt of the failure first and revoked: it waits in the shrink
+            if MPI.Get_error_class(e.Get_error_code()) != getattr(MPI, "ERR_REVOKED", None):
+                raise
+            return self._revoke_and_shrink(keep)
         finally:
             group.Free()
             everyone.Free()
+
+    def _revoke_and_shrink(self, keep: list[int]) -> Any:
+        """MPI's fault-tolerant shrink of the old communicator, which must keep exactly `keep`."""
+        self._base.Revoke()
+        comm = self._base.Shrink()
+        kept = members_in(comm, self._base)
+        if kept != keep:
+            comm.Free()
+            raise RuntimeError(
+                f"zcoll shrink: MPI's fault-tolerant shrink kept ranks {kept} of this group, torch's "
+                f"shrink_group asked for {keep}: ranks {sorted(set(keep) - set(kept))} were lost as well "
+                "(MPI_ERR_PROC_FAILED); shrink_group them out too"
+            )
+        return comm
 
     def _known_failed(self, mpi: Any, ranks: list[int], grace: float) -> bool:
         """Whether MPI holds every one of `ranks` failed, within `grace` seconds (probing each
@@ -107,8 +116,9 @@ class ShrinkOps:
             for r in ranks:
                 try:
                     self._base.Iprobe(source=r, tag=_PROBE_TAG)
-                except mpi.Exception:
-                    pass  # MPI_ERR_PROC_FAILED: what we wait for
+                except mpi.Exception as e:  # MPI_ERR_PROC_FAILED: what we wait for
+                    if mpi.Get_error_class(e.Get_error_code()) == getattr(mpi, "ERR_REVOKED", None):
+                        return True  # a survivor that knew revoked and is shrinking: join it
             failed, everyone = self._base.Get_failed(), self._base.Get_group()
             try:
                 known = set(failed.Translate_ranks(list(range(failed.size)), everyone))
