@@ -25,6 +25,7 @@ when it fails, on fewer ranks when a node is gone (elastic by restart, as torchr
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
@@ -135,21 +136,36 @@ def find_launcher(kind: str) -> Tuple[str, str]:
     return kind, path
 
 
+@functools.cache
+def mpirun_is_open_mpi(path: str) -> bool:
+    """Open MPI's mpirun takes `--hostfile`, hydra's `-f` (their formats: write_hostfile)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out
+
+
 def launch_argv(
     kind: str, path: str, p: Plan, hostfile: Optional[Path], extra: Sequence[str], program: Sequence[str]
 ) -> List[str]:
     argv = [path, "-n", str(p.ranks)]
     if p.hosts is not None:
         if kind == "mpirun":
-            argv += ["-f", str(hostfile)]
+            argv += ["--hostfile" if mpirun_is_open_mpi(path) else "-f", str(hostfile)]
         else:
             argv += [f"--nodelist={','.join(h.name for h in p.hosts)}"]
     return [*argv, *extra, *program]
 
 
-def write_hostfile(hosts: Sequence[Host], folder: Path) -> Path:
+def write_hostfile(hosts: Sequence[Host], folder: Path, open_mpi: bool = False) -> Path:
+    """hydra: `host:slots`. Open MPI: the name once per slot, which it adds up, where `slots=n`
+    lines for two names of one node (localhost, 127.0.0.1) are refused as a double definition."""
     path = folder / "hosts"
-    path.write_text("".join(f"{h.name}:{h.slots}\n" for h in hosts))
+    if open_mpi:
+        path.write_text("".join(f"{h.name}\n" * h.slots for h in hosts))
+    else:
+        path.write_text("".join(f"{h.name}:{h.slots}\n" for h in hosts))
     return path
 
 
@@ -279,9 +295,9 @@ def run(args: argparse.Namespace) -> int:
                 change = f"ranks {last_ranks} -> {p.ranks} at launch {number}"
                 say(change)
                 changes.append(change + "".join(f"; {note}" for note in p.notes))
-            hostfile = (
-                write_hostfile(p.hosts, Path(scratch)) if p.hosts is not None and kind == "mpirun" else None
-            )
+            hostfile = None
+            if p.hosts is not None and kind == "mpirun":
+                hostfile = write_hostfile(p.hosts, Path(scratch), mpirun_is_open_mpi(path))
             argv = launch_argv(kind, path, p, hostfile, args.launcher_arg, program)
             launch = Launch(number, p.ranks, checkpoint_text(ckpt_dir))
             what = "launch" if number == 0 else f"restart {number} of {args.max_restarts}"
