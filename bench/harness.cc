@@ -381,9 +381,12 @@ std::vector<Row> measure_row(MpiCommunicator& comm, const CollectiveBench& b, co
   for (int i = 0; i < a.iters; ++i) {
     // Shuffle the order too (the same seed on every rank): whoever runs right after another
     // algorithm finds the caches in that algorithm's state, so nobody may always follow the same one.
+    // The seed takes the size as well: with the iteration alone every row and every run repeated
+    // the same 50 orders, so one algorithm's luck in them (near the cache sizes) repeated too.
     std::vector<std::size_t> order(n_algos);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(i)));
+    std::seed_seq seed{static_cast<unsigned>(i), static_cast<unsigned>(count), static_cast<unsigned>(count >> 32)};
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
     for (const std::size_t k : order) {
       barrier(comm);  // zcoll's barrier: it yields when oversubscribed, MPI_Barrier may spin
       const double t0 = now();
