@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi_util import ROOT, run
+from mpi_util import OPEN_MPI, ROOT, run
 from zcoll.tools import launcher
 
 EXAMPLE = ROOT / "examples/train_digits.py"
@@ -134,6 +134,23 @@ def test_launch_command_lines(tmp_path):
     assert argv == ["/x/srun", "-n", "3", "--nodelist=a,b", "python", "t.py"]
 
 
+def test_open_mpi_command_lines(tmp_path):
+    """Open MPI: the name once per slot, and no binding (prterun binds one rank per core and
+    refuses more slots than cores) unless the launcher arguments pick one."""
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.11'\n")
+    fake.chmod(0o755)
+    p = launcher.Plan(3, [launcher.Host("a", 2), launcher.Host("b", 1)])
+    hostfile = launcher.write_hostfile(p.hosts, tmp_path, open_mpi=True)
+    assert hostfile.read_text() == "a\na\nb\n"
+    argv = launcher.launch_argv("mpirun", str(fake), p, hostfile, [], ["python", "t.py"])
+    assert argv == [str(fake), "-n", "3", "--hostfile", str(hostfile), "--bind-to", "none", "python", "t.py"]
+    argv = launcher.launch_argv("mpirun", str(fake), p, hostfile, ["--bind-to", "core"], ["t"])
+    assert argv == [str(fake), "-n", "3", "--hostfile", str(hostfile), "--bind-to", "core", "t"]
+    argv = launcher.launch_argv("mpirun", str(fake), launcher.Plan(3, None), None, [], ["t"])
+    assert argv == [str(fake), "-n", "3", "t"]  # no host file: prterun's own placement
+
+
 # -- end to end: the digits example under zcoll run ----------------------------------------------------
 def run_uninterrupted(d: Path) -> tuple:
     """The digits example on 2 ranks under zcoll run, not interrupted: (its int8 row, seconds)."""
@@ -187,7 +204,9 @@ def test_killed_rank_resumes_bit_identically(tmp_path, uninterrupted):
         _, plain_seconds = run_uninterrupted(tmp_path / "again")
         (tmp_path / "killed-again").mkdir()
         out, seconds, startup = run_killed(tmp_path / "killed-again", acc_digest)
-        print(f"again, side by side: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start {startup:.1f} s")
+        print(
+            f"again, side by side: uninterrupted {plain_seconds:.1f} s, interrupted {seconds:.1f} s, start {startup:.1f} s"
+        )
     assert seconds <= 1.5 * plain_seconds + startup, out
 
 
@@ -211,8 +230,11 @@ def test_lost_host_resumes_on_fewer_ranks(tmp_path, uninterrupted):
     assert "int8: resumed from update 8 (epoch 0, row 768, saved by 3 ranks, now 2)" in out, out
     assert "error-feedback residuals) is the mean of the 3 saved ones" in out, out
     resized_acc, _ = digits_rows(out)["int8"]
+    # 3 ranks on this machine's 2 cores without a host file: Open MPI refuses more ranks than
+    # cores unless asked to oversubscribe (hydra does it unasked)
+    oversubscribe = ["-L=--oversubscribe"] if OPEN_MPI else []
     rc, out3, _ = zcoll_run(
-        "-n", "3", "--checkpoint-dir", tmp_path / "ckpt3", "--",
+        "-n", "3", *oversubscribe, "--checkpoint-dir", tmp_path / "ckpt3", "--",
         sys.executable, EXAMPLE, *TRAINING, "--png", tmp_path / "c.png",
     )  # fmt: skip
     assert rc == 0, out3

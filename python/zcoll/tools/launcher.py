@@ -151,11 +151,23 @@ def launch_argv(
 ) -> List[str]:
     argv = [path, "-n", str(p.ranks)]
     if p.hosts is not None:
-        if kind == "mpirun":
-            argv += ["--hostfile" if mpirun_is_open_mpi(path) else "-f", str(hostfile)]
+        if kind == "mpirun" and mpirun_is_open_mpi(path):
+            argv += ["--hostfile", str(hostfile), *open_mpi_binding(extra)]
+        elif kind == "mpirun":
+            argv += ["-f", str(hostfile)]
         else:
             argv += [f"--nodelist={','.join(h.name for h in p.hosts)}"]
     return [*argv, *extra, *program]
+
+
+def open_mpi_binding(extra: Sequence[str]) -> List[str]:
+    """prterun takes a host file's slots as the cores it may bind to, one rank per core, and
+    refuses a job whose slots outnumber a host's cores ("binding ... more cpus than are
+    available"); hydra binds nothing unless asked. So: no binding, as hydra, unless the
+    launcher arguments choose one themselves."""
+    if any(a.lstrip("-").startswith("bind-to") for a in extra):
+        return []
+    return ["--bind-to", "none"]
 
 
 def write_hostfile(hosts: Sequence[Host], folder: Path, open_mpi: bool = False) -> Path:
@@ -237,7 +249,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--hosts",
         type=Path,
         default=None,
-        help="hydra host file (host[:slots] lines), read before every launch",
+        help="host file (hydra's host[:slots] lines), read before every launch",
     )
     p.add_argument(
         "--health-check",
