@@ -1,11 +1,11 @@
 """zcoll.torch.elastic.ElasticLoop under `mpirun --with-ft ulfm` (Open MPI): a small MLP under
 DDP learns a fixed nonlinear regression task; the survivors of lost ranks recover in place and
 finish. Run by tests/torch/test_elastic.py (one victim that SIGKILLs or SIGSTOPs itself at a
-step) and by tests/chaos_shrink.py (faults from outside, --state). Data: the micro-batch k of
-step s of first-group rank q is drawn from seed (s, q, k), whichever rank computes it (the loop's
-``micro_batches``: with policy accumulate the survivors take the lost ranks' over, so the
-trajectory is the fault-free one); the quality is the mean squared error on 1,024 held-out rows
-(the same on every rank). Each rank prints
+step; with --kill-too a second one SIGKILLs itself at the same step) and by tests/chaos_shrink.py
+(faults from outside, --state). Data: the micro-batch k of step s of first-group rank q is drawn
+from seed (s, q, k), whichever rank computes it (the loop's ``micro_batches``: with policy
+accumulate the survivors take the lost ranks' over, so the trajectory is the fault-free one); the
+quality is the mean squared error on 1,024 held-out rows (the same on every rank). Each rank prints
 
     ZCOLL-VICTIM rank=R pid=P signal=kill|stop t=T
     ZCOLL-RECOVERED rank=R lost=1,2 world=4,2 resumed=S accumulation=A attempts=N seconds=X t=T(done) how=failed|excluded
@@ -47,6 +47,12 @@ def options() -> argparse.Namespace:
         choices=("kill", "resume"),
         default="kill",
         help="the survivors' end for a stopped victim",
+    )
+    p.add_argument(
+        "--kill-too",
+        type=int,
+        default=-1,
+        help="a second victim that SIGKILLs itself at the same step (a stopped and a dead rank at once)",
     )
     p.add_argument("--after", type=int, default=6, help="the step at whose start the victim dies")
     p.add_argument("--steps", type=int, default=20)
@@ -170,12 +176,10 @@ def main() -> None:
             return float(((model(x).squeeze(1) - y) ** 2).mean())
 
     def step_fn(step: int, model) -> None:
-        if rank0 == args.victim and step == args.after:
-            print(
-                f"ZCOLL-VICTIM rank={rank0} pid={os.getpid()} signal={args.signal} t={time.time():.3f}",
-                flush=True,
-            )
-            os.kill(os.getpid(), signal.SIGKILL if args.signal == "kill" else signal.SIGSTOP)
+        if rank0 in (args.victim, args.kill_too) and step == args.after:
+            how = args.signal if rank0 == args.victim else "kill"
+            print(f"ZCOLL-VICTIM rank={rank0} pid={os.getpid()} signal={how} t={time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         opt.zero_grad()
 
         def loss_of(rank: int, k: int) -> torch.Tensor:  # micro-batch k of first-group rank `rank`

@@ -16,7 +16,13 @@ ranks never do), so it works whether those ranks are dead (with Open MPI under `
 ulfm``, which keeps the survivors of a lost rank running; MPICH's launcher may end them) or alive
 and merely left out. The old group is retired: its calls raise BrokenError and destroying it
 frees nothing through MPI (its peers may be gone). ``SHRINK_ABORT`` first aborts the old group's
-running collective (zcoll.TimeoutError on every rank still in it). docs/recovery.md.
+running collective (zcoll.TimeoutError on every rank still in it). Where some excluded ranks
+are failed and others alive (one SIGKILLed, one stopped), create_group refuses the old
+communicator (it holds a failed rank) and MPI's shrink would wait for the stopped one, so the
+remaining ranks build theirs with ``MPI_Comm_create_from_group`` (MPI-4: no parent communicator).
+``pg_options=ShrinkOptions(alive=True)`` says the caller already knows the excluded ranks are not
+all failed (it gave MPI its grace: ElasticLoop), so the survivors skip FAILURE_GRACE_S.
+docs/recovery.md.
 """
 
 from __future__ import annotations
@@ -31,6 +37,51 @@ from .. import _C
 
 FAILURE_GRACE_S = 3.0  # how long a survivor waits for MPI to hold the excluded ranks failed (ULFM)
 _PROBE_TAG = 32766  # probed, never sent: the group's base communicator carries no messages
+
+
+class ShrinkOptions:
+    """``pg_options`` of ``torch.distributed.shrink_group`` on a zcoll group. ``timeout``: the new
+    group's (a datetime.timedelta; default: the old group's). ``alive``: the caller knows that not
+    every excluded rank is failed (it already gave MPI the grace to say so, as ElasticLoop does), so
+    the remaining ranks build their group at once instead of waiting FAILURE_GRACE_S for MPI again.
+    Every remaining rank must pass the same ``alive``."""
+
+    __slots__ = ("_timeout", "alive")
+
+    def __init__(self, timeout: Any = None, alive: bool = False):
+        self._timeout, self.alive = timeout, bool(alive)
+
+
+def failed_ranks(comm: Any) -> set:
+    """The ranks of mpi4py communicator `comm` that MPI (ULFM) holds failed now."""
+    failed, everyone = comm.Get_failed(), comm.Get_group()
+    try:
+        return set(failed.Translate_ranks(list(range(failed.size)), everyone))
+    finally:
+        failed.Free()
+        everyone.Free()
+
+
+def known_failed(comm: Any, ranks: list, grace: float) -> bool:
+    """Whether MPI (ULFM) holds every one of `ranks` of mpi4py communicator `comm` failed within
+    `grace` seconds (probing each drives MPI's progress, where it learns of failures; it learns of
+    a killed process within tens of ms here). True as well when `comm` was revoked: a survivor that
+    knew sooner revoked it and is shrinking it, which this one must join."""
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + grace
+    while True:
+        for r in ranks:
+            try:
+                comm.Iprobe(source=r, tag=_PROBE_TAG)
+            except MPI.Exception as e:  # MPI_ERR_PROC_FAILED: what we wait for
+                if MPI.Get_error_class(e.Get_error_code()) == getattr(MPI, "ERR_REVOKED", None):
+                    return True
+        if set(ranks) <= failed_ranks(comm):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 class ShrinkOps:
@@ -57,7 +108,8 @@ class ShrinkOps:
             self._comm.abort("torch.distributed.shrink_group(shrink_flags=SHRINK_ABORT)")
         keep = [r for r in range(self.size()) if r not in set(excluded)]
         name = f"{self.getGroupName()}:shrunk"
-        comm = self._remaining(keep, zlib.crc32(name.encode()) % 32768)
+        alive = bool(getattr(opts_override, "alive", False))
+        comm = self._remaining(keep, zlib.crc32(name.encode()) % 32768, name, alive)
         if comm == MPI.COMM_NULL:  # pragma: no cover - every caller is in `keep`
             raise RuntimeError(f"zcoll shrink: rank {self.rank()} is not among the remaining ranks {keep}")
         timeout = getattr(opts_override, "_timeout", None)
@@ -66,21 +118,25 @@ class ShrinkOps:
         self._retire(f"it was shrunk to its ranks {keep} (torch.distributed.shrink_group)")
         return new
 
-    def _remaining(self, keep: list[int], tag: int) -> Any:
+    def _remaining(self, keep: list[int], tag: int, name: str, alive: bool) -> Any:
         """The communicator of `keep`. Where MPI knows of failed ranks (ULFM, `mpirun --with-ft
         ulfm`) it refuses to create a communicator from one that holds them (MPI_ERR_PROC_FAILED),
         and one survivor may know before another, which would leave it alone in create_group.
         So with fault tolerance on, each survivor first gives MPI up to FAILURE_GRACE_S to learn
-        of the excluded ranks' failure (it learns within tens of ms of the first message that
-        touches them): when all are failed, the survivors revoke the old communicator and shrink
-        it (MPI's fault-tolerant agreement on who is left, which must be exactly `keep`);
-        otherwise (excluded ranks alive, merely left out) MPI_Comm_create_group, collective
-        over `keep` only."""
+        of the excluded ranks' failure (none when `alive`: the caller gave it already): when all
+        are failed, the survivors revoke the old communicator and shrink it (MPI's fault-tolerant
+        agreement on who is left, which must be exactly `keep`); when some are failed and others
+        alive, MPI_Comm_create_from_group over `keep` (no parent communicator to refuse);
+        otherwise (excluded ranks alive, merely left out) MPI_Comm_create_group, collective over
+        `keep` only."""
         from mpi4py import MPI
 
         lost = sorted(set(range(self.size())) - set(keep))
-        if not _C.shrink_unavailable_reason() and self._known_failed(MPI, lost, FAILURE_GRACE_S):
-            return self._revoke_and_shrink(keep)
+        if not _C.shrink_unavailable_reason():
+            if not alive and known_failed(self._base, lost, FAILURE_GRACE_S):
+                return self._revoke_and_shrink(keep)
+            if failed_ranks(self._base) & set(lost):
+                return self._from_group(keep, name)
         everyone = self._base.Get_group()
         group = everyone.Incl(keep)
         try:
@@ -90,6 +146,23 @@ class ShrinkOps:
             if MPI.Get_error_class(e.Get_error_code()) != getattr(MPI, "ERR_REVOKED", None):
                 raise
             return self._revoke_and_shrink(keep)
+        finally:
+            group.Free()
+            everyone.Free()
+
+    def _from_group(self, keep: list[int], name: str) -> Any:
+        """MPI_Comm_create_from_group of `keep` (MPI-4), collective over `keep` alone and needing
+        no parent communicator: the old one holds a failed rank (create_group refuses it) and an
+        alive excluded one (MPI's shrink would wait for it). The string tag names the new group and
+        its ranks, unique per shrink."""
+        from mpi4py import MPI
+
+        everyone = self._base.Get_group()
+        group = everyone.Incl(keep)
+        try:
+            return MPI.Intracomm.Create_from_group(
+                group, f"zcoll:{name}:{keep}", MPI.INFO_NULL, MPI.ERRORS_RETURN
+            )
         finally:
             group.Free()
             everyone.Free()
@@ -107,29 +180,6 @@ class ShrinkOps:
                 "(MPI_ERR_PROC_FAILED); shrink_group them out too"
             )
         return comm
-
-    def _known_failed(self, mpi: Any, ranks: list[int], grace: float) -> bool:
-        """Whether MPI holds every one of `ranks` failed, within `grace` seconds (probing each
-        drives MPI's progress, where it learns of failures)."""
-        deadline = time.monotonic() + grace
-        while True:
-            for r in ranks:
-                try:
-                    self._base.Iprobe(source=r, tag=_PROBE_TAG)
-                except mpi.Exception as e:  # MPI_ERR_PROC_FAILED: what we wait for
-                    if mpi.Get_error_class(e.Get_error_code()) == getattr(mpi, "ERR_REVOKED", None):
-                        return True  # a survivor that knew revoked and is shrinking: join it
-            failed, everyone = self._base.Get_failed(), self._base.Get_group()
-            try:
-                known = set(failed.Translate_ranks(list(range(failed.size)), everyone))
-            finally:
-                failed.Free()
-                everyone.Free()
-            if set(ranks) <= known:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
 
     def _retire(self, why: str) -> None:
         """Broken from now on, and nothing of it freed through MPI (its peers may be gone)."""

@@ -68,6 +68,7 @@ import torch.distributed as dist
 
 from .. import _C
 from ..core.communicator import Communicator
+from ._shrink import ShrinkOptions, failed_ranks, known_failed
 
 # What MPI's fault-tolerance extensions say in an mpi4py error (a rank lost during the recovery's
 # own MPI calls): ULFM's error classes' names.
@@ -76,6 +77,10 @@ _MPI_LOST = ("PROC_FAILED", "REVOKED", "Process Failure", "revoked")
 # only other messages are MPI_Comm_create_group's and never this tag).
 _EXCLUDED_TAG = 32764
 _NEVER_ARRIVED = re.compile(r"Never arrived \(not heard from within [\d.]+ s of the failure\): (.*)")
+# How the watchdog describes a rank whose process it sees alive on this machine (not failed)
+_SEEN_ALIVE = re.compile(
+    r"rank (\d+) \(its process, pid \d+ on this machine, is (?:stopped|running but not in)"
+)
 
 
 class ExcludedError(RuntimeError):
@@ -110,31 +115,31 @@ def named_ranks(e: BaseException) -> tuple:
     return sorted(int(r) for r, _ in found), sorted(int(r) for r, dead in found if dead)
 
 
-def mpi_failed(comm: Any, ranks: list, grace: float) -> bool:
-    """Whether MPI (ULFM) holds every one of `ranks` of mpi4py communicator `comm` failed within
-    `grace` seconds (probing each drives MPI's progress, where it learns of failures)."""
+def seen_alive(e: BaseException) -> list:
+    """The ranks a zcoll failure's text describes as alive on this machine (stopped, or running
+    but outside zcoll): MPI cannot hold them failed, so there is no grace to wait for them."""
+    return sorted({int(r) for r in _SEEN_ALIVE.findall(str(e))})
+
+
+def _probe(comm: Any, tag: int, status: Any) -> bool:
+    """An any-source Iprobe of `tag` on mpi4py communicator `comm`. Under ULFM one fails while a
+    failed rank of the communicator is not acknowledged (a rank killed while this one was
+    stopped): the failures are acknowledged and the probe made again; False if it still fails."""
     from mpi4py import MPI
 
-    deadline = time.monotonic() + grace
-    while True:
-        for r in ranks:
-            with contextlib.suppress(MPI.Exception):
-                comm.Iprobe(source=r, tag=_EXCLUDED_TAG - 1)
-        failed, everyone = comm.Get_failed(), comm.Get_group()
+    for _ in range(2):
         try:
-            known = set(failed.Translate_ranks(list(range(failed.size)), everyone))
-        finally:
-            failed.Free()
-            everyone.Free()
-        if set(ranks) <= known or time.monotonic() >= deadline:
-            return set(ranks) <= known
-        time.sleep(0.002)
+            return bool(comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status))
+        except MPI.Exception:
+            with contextlib.suppress(MPI.Exception, NotImplementedError, AttributeError):
+                comm.Ack_failed()
+    return False
 
 
 def _failure(e: BaseException) -> dict:
     """What a recovery needs of a failure: its text and the ranks it names (named_ranks)."""
     missing, lost = named_ranks(e)
-    return {"text": str(e), "missing": missing, "lost": lost}
+    return {"text": str(e), "missing": missing, "lost": lost, "alive": seen_alive(e)}
 
 
 def _positive(name: str, v: Any, low: int = 1) -> int:
@@ -264,7 +269,8 @@ class ElasticLoop:
     def recover(self, failure: dict) -> None:
         """Steps 1-4 of the module docstring; collective over the survivors. A rank lost on the
         way starts them again, as many times as there are ranks to lose. ``failure``: the
-        failed step's ``{"text", "missing", "lost"}`` (missing/lost: group ranks or None)."""
+        failed step's ``{"text", "missing", "lost", "alive"}`` (group ranks; missing/lost None when
+        the failure names none; alive: seen alive on this machine, optional)."""
         start, old_world, lost, attempts, how = time.monotonic(), self.world, [], 0, []
         self.on_phase("recover", self.step)
         while True:
@@ -299,11 +305,7 @@ class ElasticLoop:
                 f"zcoll ElasticLoop: the step failed, but the failure names no rank that never arrived, so "
                 f"there is no rank to recover from: {failure['text']}"
             )
-        if (
-            missing
-            and not _C.shrink_unavailable_reason()
-            and not mpi_failed(pg.mpi_comm, missing, self.grace)
-        ):
+        if missing and not _C.shrink_unavailable_reason() and not self._all_failed(pg, missing, failure):
             self._check_excluded(pg.mpi_comm, 0.0)
             return self._exclude(pg, missing), "excluded"
         comm: Communicator = pg.communicator
@@ -320,11 +322,23 @@ class ElasticLoop:
         self._regroup(pg, lost)
         return [self.ranks_before[r] for r in lost], "failed"
 
-    def _regroup(self, pg: Any, excluded: list) -> None:
-        """torch's shrink_group of `excluded` (group ranks): the new group, ranks and world."""
+    def _all_failed(self, pg: Any, missing: list, failure: dict) -> bool:
+        """Whether MPI holds every missing rank failed within ``grace`` s. At once False when the
+        failure saw one of them alive on this machine (stopped or hung: MPI never will); MPI
+        then still gets the grace to hold the ranks zcoll saw exit failed, so that every survivor
+        builds the group without them the same way (_shrink.ShrinkOps._remaining)."""
+        if set(failure.get("alive") or []) & set(missing):
+            dead = sorted(set(failure.get("lost") or []) & set(missing))
+            known_failed(pg.mpi_comm, dead, self.grace)
+            return False
+        return known_failed(pg.mpi_comm, missing, self.grace)
+
+    def _regroup(self, pg: Any, excluded: list, alive: bool = False) -> None:
+        """torch's shrink_group of `excluded` (group ranks): the new group, ranks and world.
+        ``alive``: MPI already had its grace and does not hold them all failed (no second wait)."""
         self.model = None  # the old DDP's reducer goes, and with it its hooks on the parameters
         gc.collect()
-        self.group = dist.shrink_group(sorted(excluded), group=pg)
+        self.group = dist.shrink_group(sorted(excluded), group=pg, pg_options=ShrinkOptions(alive=alive))
         self.ranks_before = self.ranks
         self.ranks = [q for r, q in enumerate(self.ranks) if r not in set(excluded)]
         self.world = dist.get_world_size(self.group)
@@ -333,7 +347,7 @@ class ElasticLoop:
         """Step 1 for ranks alive but unresponsive: the group without them, a check that every
         survivor left out the same ranks, and a notice to each of them (ExcludedError there)."""
         base = pg.mpi_comm
-        self._regroup(pg, missing)
+        self._regroup(pg, missing, alive=True)
         mark = zlib.crc32(repr(sorted(missing)).encode())
         check = torch.tensor([mark, -mark], dtype=torch.int64)
         dist.all_reduce(check, op=dist.ReduceOp.MIN, group=self.group)
@@ -343,7 +357,7 @@ class ElasticLoop:
                 "group); they cannot go on together"
             )
         if dist.get_rank(self.group) == 0:
-            for r in missing:
+            for r in sorted(set(missing) - failed_ranks(base)):  # a failed one has no use for it
                 notice = np.array([self.step, self.world, *self.ranks], dtype=np.int64)
                 self._notices.append((notice, base.Isend(notice, dest=r, tag=_EXCLUDED_TAG)))
         return [self.ranks_before[r] for r in missing]
@@ -354,10 +368,7 @@ class ElasticLoop:
 
         deadline, status = time.monotonic() + wait, MPI.Status()
         while True:
-            try:
-                here = base.Iprobe(source=MPI.ANY_SOURCE, tag=_EXCLUDED_TAG, status=status)
-            except MPI.Exception:  # a failed rank in the communicator (ULFM): no notice from it
-                here = False
+            here = _probe(base, _EXCLUDED_TAG, status)
             if here:
                 notice = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
                 base.Recv(notice, source=status.Get_source(), tag=_EXCLUDED_TAG)
