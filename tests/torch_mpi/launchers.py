@@ -5,7 +5,8 @@ the workers into one MPI job through torch's store), so the group is created fir
 harness (which imports mpi4py.MPI) after it. Under mpirun, ``python -m mpi4py`` starts MPI first.
 
 Cases (harness protocol); each prints, from rank 0, ``ZCOLL-DIGEST <case> <hex>``: a sha256 over
-every rank's results, which tests/torch/test_torchrun.py compares between the two launchers.
+every rank's results, which tests/torch/test_torchrun.py compares between the two launchers
+(collectives also ``ZCOLL-DIGEST collectives/<algorithm> <hex>``, one per algorithm).
   collectives   every algorithm of the group's Communicator (shm too, on one node) on float32
                 inputs whose sums round (the reduction order shows in the bits) and on exact
                 int32; then reduce_scatter, allgather, broadcast, reduce
@@ -133,9 +134,11 @@ def report(case: str, h) -> None:
 
 def case_collectives(ck: Checks):
     h = hashlib.sha256()
+    by_algorithm = {}
     for alg in zcoll.ALGORITHMS:
         if alg == "shm" and COMM.node_count > 1 or alg == "ordered_ring":
             continue  # shm: every rank on one node; ordered_ring: measured links (zcoll probe)
+        h_alg = by_algorithm[alg] = hashlib.sha256()
         for n in SIZES:
             y = COMM.allreduce(inexact(R, n), algorithm=alg)
             ref = sum(inexact(r, n).astype(np.float64) for r in range(N))
@@ -144,6 +147,7 @@ def case_collectives(ck: Checks):
             ck.check(np.array_equal(yi, sum(exact(r, n) for r in range(N))), f"{alg} int32 n={n}")
             ck.same_on_all_ranks(f"{alg} n={n}", y.tobytes() + yi.tobytes())
             h.update(y.tobytes() + yi.tobytes())
+            h_alg.update(y.tobytes() + yi.tobytes())
     x = inexact(R, 1000)
     parts = [COMM.reduce_scatter(x), COMM.allgather(x), COMM.broadcast(x.copy(), root=N - 1)]
     red = COMM.reduce(x, root=0)
@@ -153,6 +157,8 @@ def case_collectives(ck: Checks):
     for p in parts:
         h.update(np.ascontiguousarray(p).tobytes())
     report("collectives", h)
+    for alg, h_alg in by_algorithm.items():  # launchers whose node maps differ compare these
+        report(f"collectives/{alg}", h_alg)
 
 
 def case_torch_ops(ck: Checks):
