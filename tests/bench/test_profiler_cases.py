@@ -20,9 +20,16 @@ BUSY_LOAD = 2.0  # timing checks need a machine whose load average is below this
 
 
 # MPI's TCP path, so the shaped loopback carries every byte: MPICH's ofi netmod over tcp with no
-# shared memory between ranks; Open MPI's ob1 over its tcp transport alone.
+# shared memory between ranks; Open MPI's ob1 over its tcp transport alone, told to use the
+# loopback (its tcp transport leaves 127.0.0.1/8 out by default, and in the namespace that is the
+# only interface: MPI_Init then fails with "Unreachable").
 if OPEN_MPI:
-    MPI_TCP = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self", "ZCOLL_SHM": "0"}
+    MPI_TCP = {
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_btl": "tcp,self",
+        "OMPI_MCA_btl_tcp_if_include": "lo",
+        "ZCOLL_SHM": "0",
+    }
 else:
     MPI_TCP = {
         "MPIR_CVAR_NOLOCAL": "1",
