@@ -32,6 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from monitor_launch import launch, tagged, thread_cpu
+
+_CPU = "MONITOR-CPU "
 _BLOCK = re.compile(r"MONITOR-BLOCK (\d+) (on|off) median_ms=([0-9.]+)")
 
 
@@ -108,11 +111,27 @@ def _ddp(args: argparse.Namespace):
     return model, step, slowest, opt, torch.distributed.destroy_process_group
 
 
+def _cpu_figures(mon, step_cpu: float, on_s: float) -> dict:
+    """This rank's monitor CPU seconds by part and thread (docs/monitor.md's cost table)."""
+    return {"rank": mon.rank, "on_s": on_s, "step": step_cpu, "window": mon.cpu["window"],
+            "classify": mon.cpu["classify"], "document": mon.publisher.cpu["document"] - mon.cpu["classify"],
+            "send": mon.publisher.cpu["send"], "publisher": thread_cpu(mon.publisher.thread),
+            "posts": mon.publisher.sent}  # fmt: skip
+
+
 def job(args: argparse.Namespace) -> int:
     from zcoll.observe.live import LiveMonitor
 
     target, step, slowest, opt, done = (_plain if args.mode == "plain" else _ddp)(args)
     mon = LiveMonitor(target, args.url, period=args.period, window=args.window)
+    monitored, step_cpu, on_s = mon.step, [0.0], 0.0
+
+    def timed_step() -> None:  # the training thread's CPU in mon.step()
+        t = time.thread_time()
+        monitored()
+        step_cpu[0] += time.thread_time() - t
+
+    mon.step = timed_step
     rng = random.Random(args.seed)
     order = []
     for _ in range(args.blocks // 2):
@@ -124,6 +143,7 @@ def job(args: argparse.Namespace) -> int:
     for b, mode in enumerate(order):
         handle = mon.attach(opt) if (mode == "on" and opt is not None) else None
         times = []
+        start = time.perf_counter()
         for _ in range(args.steps):
             t = time.perf_counter()
             step()
@@ -132,9 +152,12 @@ def job(args: argparse.Namespace) -> int:
             times.append(slowest(time.perf_counter() - t))  # the slowest rank's step
         if handle is not None:
             handle.remove()
+        on_s += time.perf_counter() - start if mode == "on" else 0.0
         if mon.rank == 0:
             print(f"MONITOR-BLOCK {b} {mode} median_ms={1e3 * statistics.median(times):.4f}", flush=True)
+    cpu = _cpu_figures(mon, step_cpu[0], on_s)
     mon.close()
+    print(_CPU + json.dumps(cpu), flush=True)
     if mon.rank == 0:
         print(f"MONITOR-PUBLISHED sent={mon.publisher.sent} failed={mon.publisher.failed} "
               f"dropped={mon.publisher.dropped}", flush=True)  # fmt: skip
@@ -171,36 +194,48 @@ def bootstrap(values: list[float], rounds: int = 4000, level: float = 0.9) -> tu
     return medians[int(tail * rounds)], medians[int((1 - tail) * rounds) - 1]
 
 
+def print_cpu(figures: list[dict], run: dict) -> None:
+    """The monitor's CPU in ms per second of monitored ("on") time, by part and rank; the
+    monitor process's: idle (every second, on or off) and the rest (the POSTs: on time only)."""
+    parts = [("step", "training thread: mon.step()"), ("window", "communicator's thread: windows"),
+             ("classify", "publisher: classify (rank 0)"), ("document", "publisher: documents"),
+             ("send", "publisher: JSON + POST"), ("publisher", "publisher thread, all")]  # fmt: skip
+    ranks = sorted(figures, key=lambda f: f["rank"])
+    print("\n  monitor CPU, ms per second monitored: " + "  ".join(f"rank {f['rank']}" for f in ranks))
+    for key, name in parts:
+        print(f"    {name:34}" + "".join(f"{1e3 * f[key] / f['on_s']:9.2f}" for f in ranks))
+    on_s, idle = ranks[0]["on_s"], run["monitor_idle_cpu_per_s"]
+    posts = run["monitor_cpu_s"] - idle * run["wall_s"]
+    total = sum(f["step"] + f["window"] + f["publisher"] for f in ranks) + posts + idle * on_s
+    print(f"    {'monitor process: idle':34}{1e3 * idle:9.2f}")
+    print(f"    {'monitor process: the rest (POSTs)':34}{1e3 * posts / on_s:9.2f}")
+    print(f"    {'all of it':34}{1e3 * total / on_s:9.2f}   ({ranks[0]['posts']} posts from rank 0, "
+          f"{ranks[-1]['posts']} from rank {ranks[-1]['rank']}, {on_s:.1f} s monitored)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.job:
         return job(args)
-    from zcoll.observe import serve
-    from zcoll.observe.monitor_state import MonitorState
-    from zcoll.tools import monitor_server
-    from zcoll.tools.proc import stream
-
-    state = MonitorState()
-    server = serve.serve(monitor_server.make_app(state), "127.0.0.1", 0)
-    mpirun = str(Path(sys.executable).parent / "mpirun")
-    cmd = [mpirun, "-n", str(args.ranks), sys.executable, "-m", "mpi4py", __file__, "--job", f"--url={server.url}",
-           *[a for a in (argv if argv is not None else sys.argv[1:]) if a != "--job"]]  # fmt: skip
-    env = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "OMP_NUM_THREADS": "1"}
-    rc, lines = stream(cmd, {**os.environ, **env}, args.timeout)
-    server.close()
+    run = launch(__file__, argv if argv is not None else sys.argv[1:], args.ranks, args.timeout)
+    lines, state = run["lines"], run["state"]
     blocks = [(int(m.group(1)), m.group(2), float(m.group(3))) for m in map(_BLOCK.search, lines) if m]
-    if rc != 0 or len(blocks) < 2:
-        print(f"monitor_overhead: the job failed (exit {rc})", file=sys.stderr)
+    if run["rc"] != 0 or len(blocks) < 2:
+        print(f"monitor_overhead: the job failed (exit {run['rc']})", file=sys.stderr)
         return 1
     s = summarize(blocks)
+    cpu = tagged(lines, _CPU)
     print(
-        f"\n{args.mode}: {len(blocks)} blocks of {args.steps} steps, {args.ranks} ranks, period {args.period} s"
+        f"\n{args.mode}: {len(blocks)} blocks of {args.steps} steps, {args.ranks} ranks, period {args.period} s, "
+        f"window {args.window} s"
     )
     print(f"  step time, median of block medians: on {s['on_median_ms']:.3f} ms, off {s['off_median_ms']:.3f} ms: "
           f"{100 * s['overhead']:+.2f}%")  # fmt: skip
     print(f"  paired blocks ({s['pairs']}): median {100 * s['pair_overhead_median']:+.2f}% "
           f"(90% bootstrap interval {100 * s['pair_overhead_low']:+.2f}..{100 * s['pair_overhead_high']:+.2f}%), "
           f"min {100 * s['pair_overhead_min']:+.2f}%, max {100 * s['pair_overhead_max']:+.2f}%")  # fmt: skip
+    if cpu:
+        print_cpu(cpu, run)
     print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     snap = state.snapshot()
     print(
@@ -208,7 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{snap['verdict_changes']} verdict changes (last: {(snap['verdict'] or {}).get('text')})"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "blocks": blocks, "summary": s}, indent=1))
+        out = {
+            "args": vars(args),
+            "blocks": blocks,
+            "summary": s,
+            "cpu": cpu,
+            "monitor_cpu_s": run["monitor_cpu_s"],
+        }
+        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
 

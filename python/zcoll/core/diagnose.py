@@ -43,6 +43,7 @@ own node.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
@@ -80,18 +81,15 @@ def from_rows(rows: np.ndarray) -> LinkStats:
     p = rows.shape[0]
     if rows.shape[1] != _HEAD + p * (1 + _PER_PEER):
         raise ValueError(f"telemetry rows of shape {rows.shape} do not fit {p} ranks")
-    base = [int(rows[r, 0]) for r in range(p)]
-    offset = [int(rows[0, _HEAD + r]) for r in range(p)]  # clock_r - clock_0, measured by rank 0
-    shift = [base[r] - offset[r] for r in range(p)]  # rank r's relative time -> rank 0's clock
-    calls = [int(rows[r, 1]) for r in range(p)]
+    head = rows[:, :_HEAD].tolist()  # Python integers: calls x shift may not fit int64
+    offset = rows[0, _HEAD : _HEAD + p].tolist()  # clock_r - clock_0, measured by rank 0
+    shift = [head[r][0] - offset[r] for r in range(p)]  # rank r's relative time -> rank 0's clock
+    calls = [h[1] for h in head]
     peer = rows[:, _HEAD + p :].reshape(p, p, _PER_PEER)  # peer[i, j] = rank i's sums about rank j
 
-    arrival = np.full(p, np.nan)
-    seconds = np.full(p, np.nan)
-    for r in range(p):
-        if calls[r]:
-            arrival[r] = (int(rows[r, 2]) + calls[r] * shift[r]) / calls[r] / 1e9
-            seconds[r] = int(rows[r, 3]) / calls[r] / 1e9
+    nan = float("nan")
+    arrival = np.array([(h[2] + c * s) / c / 1e9 if c else nan for h, c, s in zip(head, calls, shift)])
+    seconds = np.array([h[3] / c / 1e9 if c else nan for h, c in zip(head, calls)])
     delay = arrival - np.nanmin(arrival) if np.isfinite(arrival).any() else arrival
 
     nbytes = peer[:, :, 0].astype(np.float64)
@@ -161,7 +159,7 @@ def classify(
     late = _late_rank(stats, t)
     if late is not None:
         return late
-    delay = np.nan_to_num(stats.arrival_delay)
+    delay = _zero_nan(stats.arrival_delay)
     k = int(np.argmax(delay))
 
     # 2-3. links: time per byte against the lower quartile of the link's tier
@@ -204,10 +202,10 @@ def classify(
 def _late_rank(stats: LinkStats, t: Thresholds) -> Optional[Verdict]:
     """A rank that arrives late enough, and much later than the next latest, to be the cause."""
     p = stats.ranks
-    delay = np.nan_to_num(stats.arrival_delay)
+    delay = _zero_nan(stats.arrival_delay)
     k = int(np.argmax(delay))
     others = [r for r in range(p) if r != k]
-    call = float(np.nanmedian(stats.call_seconds[others])) if others else 0.0
+    call = _nanmedian(stats.call_seconds[others]) if others else 0.0
     second = float(np.max(delay[others])) if others else 0.0
     if delay[k] > max(t.rank_floor, t.rank_threshold * call) and delay[k] > 2 * second:
         return Verdict(
@@ -247,15 +245,51 @@ def _link_slowness(stats: LinkStats, nodes: List[Any], t: Thresholds) -> Tuple[n
         mask = active & (same_node == tier)
         np.fill_diagonal(mask, False)
         if mask.sum() >= 2:
-            slowness[mask] = per_byte[mask] / np.percentile(per_byte[mask], 25)
+            slowness[mask] = per_byte[mask] / _percentile(per_byte[mask], 0.25)
     return active, slowness
 
 
 def _same_node(nodes: List[Any]) -> np.ndarray:
-    """same[i, j]: ranks i and j share a node."""
+    """same[i, j]: ranks i and j share a node (read-only: one array per placement, every window
+    of a job asks for the same)."""
+    return _same_node_of(tuple(nodes))
+
+
+@functools.lru_cache(maxsize=16)
+def _same_node_of(nodes: Tuple[Any, ...]) -> np.ndarray:
     labels = np.empty(len(nodes), dtype=object)
     labels[:] = nodes
-    return np.equal.outer(labels, labels).astype(bool)
+    same = np.equal.outer(labels, labels).astype(bool)
+    same.setflags(write=False)
+    return same
+
+
+# numpy's nan_to_num, nanmedian and percentile spend tens of microseconds each checking and
+# dispatching; a window classifies p x p figures a few times a second on a thread beside the
+# training, so the few lines below do what the verdict needs of them, with the same results.
+def _zero_nan(a: np.ndarray) -> np.ndarray:
+    """a with NaN as 0 (its figures are finite or NaN: sums and means of clock differences)."""
+    return np.where(np.isnan(a), 0.0, a)
+
+
+def _nanmedian(a: np.ndarray) -> float:
+    """The median of a's values that are not NaN (NaN when none is)."""
+    values = np.sort(a[~np.isnan(a)])
+    n = len(values)
+    if n == 0:
+        return float("nan")
+    return float(values[n // 2]) if n % 2 else float((values[n // 2 - 1] + values[n // 2]) / 2)
+
+
+def _percentile(a: np.ndarray, q: float) -> float:
+    """np.percentile(a, 100 q) of finite values, numpy's default (linear) method, to the bit."""
+    values = np.sort(a)
+    pos = (len(values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    t, a0, b0 = pos - lo, float(values[lo]), float(values[hi])
+    diff = b0 - a0
+    return b0 - diff * (1 - t) if t >= 0.5 else a0 + diff * t
 
 
 def _slow_links(slowness: np.ndarray, t: Thresholds) -> List[Tuple[int, int]]:
@@ -332,11 +366,11 @@ def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
     total = w_old + w_new
 
     def mean(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return (w_old * np.nan_to_num(a) + w_new * np.nan_to_num(b)) / total if total else b
+        return (w_old * _zero_nan(a) + w_new * _zero_nan(b)) / total if total else b
 
     nbytes = memory * old.bytes + new.bytes
     messages = memory * old.messages + new.messages
-    busy = memory * np.nan_to_num(old.busy) + np.nan_to_num(new.busy)
+    busy = memory * _zero_nan(old.busy) + _zero_nan(new.busy)
     busy[messages == 0] = np.nan
     with np.errstate(invalid="ignore", divide="ignore"):
         return LinkStats(

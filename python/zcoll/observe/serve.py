@@ -13,6 +13,7 @@ prometheus_client, plotly): ``pip install 'zcoll[monitor]'``.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ipaddress
 import socket
@@ -22,6 +23,7 @@ from typing import Any
 
 EXTRA = "pip install 'zcoll[monitor]' (starlette, uvicorn, prometheus_client, plotly)"
 LOOPBACK = "127.0.0.1"
+TICK_SECONDS = 1.0  # the server's housekeeping (Date header, should_exit) between wake-ups
 
 
 class PortInUse(OSError):
@@ -95,6 +97,9 @@ class Server:
             app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
         )  # an open event stream must not hold it
         self._server = uvicorn.Server(config)
+        self._server.main_loop = self._main_loop  # instead of uvicorn's 10 wake-ups a second
+        self._loop: Any = None
+        self._wake: Any = None
         self._thread = threading.Thread(target=self._run, name=f"{name}:{self.port}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10.0
@@ -106,6 +111,19 @@ class Server:
     def _run(self) -> None:
         self._server.run(sockets=[self.sock])
 
+    async def _main_loop(self) -> None:
+        """uvicorn's main loop, which only refreshes the Date header and looks for should_exit,
+        woken once every TICK_SECONDS instead of every 0.1 s (those wake-ups cost 2 ms of CPU a
+        second on a busy machine, taken from the job it monitors), and at once by close()."""
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        while not await self._server.on_tick(counter):
+            counter = (counter + 10) % 864000  # on_tick refreshes the Date header at multiples of 10
+            try:
+                await asyncio.wait_for(self._wake.wait(), TICK_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+
     @property
     def url(self) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
@@ -113,6 +131,11 @@ class Server:
 
     def close(self, timeout: float = 5.0) -> None:
         self._server.should_exit = True
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the loop has ended already
+                pass
         self._thread.join(timeout)
         self.sock.close()
 
