@@ -14,7 +14,7 @@ publishing to a monitor served by this process. Timed on every rank:
   links/verdict dict  the published form of the evidence and the verdict
   document            the snapshot LiveMonitor publishes (mon._document)
   json.dumps          that document as JSON
-  POST                one POST of it to the monitor (urllib, the publisher's way)
+  POST                one POST of it to the monitor (the publisher's kept-alive connection)
   publisher CPU       the publisher thread's CPU seconds per second of the run (its GIL share
                       at most: the time it can take from the training thread)
 
@@ -31,9 +31,10 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
+
+from monitor_launch import launch, tagged, thread_cpu
 
 _LINE = "MONITOR-BREAKDOWN "
 
@@ -50,15 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def _thread_cpu(thread: threading.Thread) -> float:
-    """CPU seconds of a thread of this process (Linux /proc), 0 when it cannot be read."""
-    try:
-        fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _timer(into: dict, name: str, fn, *args, **kwargs):
@@ -140,9 +132,9 @@ def job(args: argparse.Namespace) -> int:
     x = np.ones(1 << 18, np.float32)
     mon = LiveMonitor(comm, args.url, period=args.period, window=args.window)
     times: dict = {}
-    cpu0 = _thread_cpu(mon.publisher.thread)
+    cpu0 = thread_cpu(mon.publisher.thread)
     seconds = _monitored_steps(args, comm, mon, x, times)
-    publisher_cpu = (_thread_cpu(mon.publisher.thread) - cpu0) / seconds
+    publisher_cpu = (thread_cpu(mon.publisher.thread) - cpu0) / seconds
     _parts(args, comm, mon, x, times)
     mon.close()
     out = {k: {"n": len(v), "median_us": 1e6 * statistics.median(v),
@@ -162,24 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.job:
         return job(args)
-    from zcoll.observe import serve
-    from zcoll.observe.monitor_state import MonitorState
-    from zcoll.tools import monitor_server
-    from zcoll.tools.proc import stream
-
-    state = MonitorState()
-    server = serve.serve(monitor_server.make_app(state), "127.0.0.1", 0)
-    mpirun = str(Path(sys.executable).parent / "mpirun")
-    rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--job"]
-    cmd = [mpirun, "-n", "2", sys.executable, "-m", "mpi4py", __file__, "--job", f"--url={server.url}", *rest]
-    env = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none", "OMP_NUM_THREADS": "1"}
-    rc, lines = stream(cmd, {**os.environ, **env}, args.timeout)
-    server.close()
-    ranks = {}
-    for line in lines:
-        for chunk in line.split(_LINE)[1:]:  # two ranks' lines can arrive as one
-            doc = json.JSONDecoder().raw_decode(chunk)[0]
-            ranks[doc["rank"]] = doc["figures"]
+    run = launch(__file__, argv if argv is not None else sys.argv[1:], 2, args.timeout)
+    rc = run["rc"]
+    ranks = {doc["rank"]: doc["figures"] for doc in tagged(run["lines"], _LINE)}
     if rc != 0 or len(ranks) != 2:
         print(f"monitor_breakdown: the job failed (exit {rc})", file=sys.stderr)
         return 1

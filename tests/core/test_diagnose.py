@@ -144,6 +144,42 @@ def test_blended_windows_keep_the_evidence():
     assert d.update(window(seed=5)).label == "slow link"  # blended: 6x at weight 1/2 still stands out
 
 
+def test_settle_blends_like_windows_and_classifies_a_change_at_once():
+    """With settle, windows like the evidence are only blended (at most `settle` seconds apart
+    they are classified anyway); a slow link is classified from its first window, so it is
+    confirmed in as many windows as without settle, and so is the way back."""
+    clock = [0.0]
+    d = Diagnoser(settle=1.0, clock=lambda: clock[0])
+    ref = Diagnoser()
+    slow = slowed([(1, 2)], 10.0)
+    series = [window(seed=s, noise=0.05) for s in range(12)]
+    series += [window(per_byte=slow, seed=s, noise=0.05) for s in range(5)]
+    series += [window(seed=s, noise=0.05) for s in range(30, 45)]
+    labels, skipped = [], []
+    for w in series:
+        clock[0] += 0.25
+        before = d.skipped
+        labels.append((d.update(w).label, ref.update(w).label))
+        skipped.append(d.skipped > before)
+    assert [a for a, _ in labels] == [b for _, b in labels]  # the same verdict at every window
+    assert "slow link" in [a for a, _ in labels]
+    assert sum(skipped[1:12]) >= 6  # the healthy windows: mostly blended only
+    assert not any(skipped[12:15])  # the slow link's windows up to its confirmation: classified
+    runs = [sum(skipped[i : i + 4]) for i in range(len(skipped) - 3)]
+    assert max(runs) <= 3  # never more than `settle` (4 windows here) without classifying
+
+
+def test_similar_windows():
+    from zcoll.core.diagnose import similar
+
+    base = window(noise=0.0)
+    assert similar(base, window(seed=1, noise=0.1))
+    assert not similar(base, window(per_byte=slowed([(0, 3)], 2.0), noise=0.0))
+    assert not similar(base, window(delay=[0, 0, 0.004, 0], noise=0.0))
+    assert not similar(base, window(calls=1, noise=0.0))
+    assert not similar(base, window(links=[(0, 1), (1, 0)], noise=0.0))
+
+
 @pytest.mark.parametrize("trial", range(200))
 def test_randomized_synthetic_trials(trial):
     """The four kinds of fault, at random places, with 25% noise: each labelled right."""

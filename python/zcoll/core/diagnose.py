@@ -45,6 +45,8 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -385,11 +387,36 @@ def blend(old: Optional[LinkStats], new: LinkStats, memory: float) -> LinkStats:
         )
 
 
+SIMILAR = 1.3  # a window's time per byte of a link within this factor of the evidence's
+SIMILAR_DELAY = 0.1  # a rank's arrival delay within this x the mean time in a call (or rank_floor)
+
+
+def similar(old: LinkStats, new: LinkStats, t: Thresholds = Thresholds()) -> bool:
+    """Whether window `new` tells what the evidence `old` told (Diagnoser's settle): enough
+    collectives, the same links carried enough, each one's time per byte within SIMILAR x, and
+    each rank's arrival delay within SIMILAR_DELAY x a call's time (at least rank_floor / 2)."""
+    if new.calls < t.min_calls or old.ranks != new.ranks:
+        return False
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a_old = (old.bytes >= t.min_link_bytes) & (old.busy > 0)
+        a_new = (new.bytes >= t.min_link_bytes) & (new.busy > 0)
+        if not np.array_equal(a_old, a_new):
+            return False
+        ratio = (new.busy[a_new] / new.bytes[a_new]) / (old.busy[a_new] / old.bytes[a_new])
+        if ratio.size and not (ratio.min() >= 1 / SIMILAR and ratio.max() <= SIMILAR):
+            return False
+        moved = np.abs(_zero_nan(new.arrival_delay) - _zero_nan(old.arrival_delay))
+        call = _nanmedian(old.call_seconds)
+    return bool(moved.max() <= max(t.rank_floor / 2, SIMILAR_DELAY * (call if call == call else 0.0)))
+
+
 class Diagnoser:
     """Windows of telemetry in, a stable label out. Each window is classified together with the
     earlier ones at `memory` x the weight per window (blend), and a new label replaces the
     current one only after `confirm` consecutive windows gave it; each change is logged once
-    (logging, "zcoll"). `history` keeps the verdicts of the last that many windows."""
+    (logging, "zcoll"). `history` keeps the verdicts of the last that many windows. With
+    `settle` (seconds), a window like the evidence before it, while no new label awaits
+    confirmation, is only blended, classified at least every `settle` seconds (_settled)."""
 
     def __init__(
         self,
@@ -400,6 +427,8 @@ class Diagnoser:
         name: str = "zcoll",
         quiet: bool = False,
         history: int = 256,
+        settle: Optional[float] = None,
+        clock: Any = time.monotonic,
     ):
         self.nodes = nodes
         self.confirm = confirm
@@ -412,9 +441,18 @@ class Diagnoser:
         self._candidate: Optional[Verdict] = None
         self._streak = 0
         self.history: Deque[Verdict] = collections.deque(maxlen=history)  # the latest verdicts
+        self.settle, self.clock = settle, clock
+        self._classified = -math.inf  # when classify last ran (clock)
+        self.skipped = 0  # windows blended without classifying (settle)
 
     def update(self, stats: LinkStats) -> Verdict:
-        self.evidence = blend(self.evidence, stats, self.memory)
+        old = self.evidence
+        self.evidence = blend(old, stats, self.memory)
+        if self._settled(old, stats):
+            self.skipped += 1
+            self.history.append(self.current)
+            return self.current
+        self._classified = self.clock()
         verdict = classify(self.evidence, self.nodes, self.thresholds)
         self.history.append(verdict)
         if verdict.label == "unknown":
@@ -435,3 +473,16 @@ class Diagnoser:
             self.current = verdict
             self._candidate, self._streak = None, 0
         return self.current
+
+    def _settled(self, old: Optional[LinkStats], new: LinkStats) -> bool:
+        """With `settle` seconds: True when classifying this window can wait (blend only): the
+        verdict is settled (no new label awaiting confirmation), the last classification is less
+        than `settle` seconds old, and the window says what the evidence before it said (similar).
+        Classifying costs a few hundred microseconds of Python a window, on a thread beside the
+        training; a window that moved (a link or a rank slowing down) is classified at once, so
+        a change is confirmed in as many windows as without `settle`."""
+        if self.settle is None or old is None or self._candidate is not None:
+            return False
+        if self.clock() - self._classified >= self.settle:
+            return False
+        return similar(old, new, self.thresholds)

@@ -68,6 +68,7 @@ from . import metrics, trace
 
 FORMAT = "zcoll-monitor/1"
 QUEUE = 64  # snapshots waiting for the publisher; more are dropped
+SETTLE = 1.0  # seconds a settled verdict goes without classifying windows like the evidence
 ROWS = 32  # telemetry windows waiting to be classified; older ones are dropped (their weight
 # in the blended evidence is below 0.5^32 by then anyway)
 
@@ -332,7 +333,7 @@ class LiveMonitor:
         self._links: tuple[Any, dict[str, Any]] | None = None  # (evidence, its links_dict)
         self._rows: deque = deque(maxlen=ROWS)  # gathered windows not yet classified
         self._analysis = threading.Lock()
-        self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0)
+        self._diagnoser = Diagnoser(self._nodes(), quiet=self.rank != 0, settle=SETTLE)
         self._no_verdict = self._diagnoser.current  # "healthy: no telemetry yet" until windows confirm one
         self._needed = calls_needed(self._diagnoser)
         # CPU seconds by part, on the thread that ran it (window: the communicator's; classify:
