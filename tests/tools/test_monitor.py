@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from mpi_util import run
 from zcoll.observe import history as hist
-from zcoll.observe import serve
+from zcoll.observe import live, serve
 from zcoll.observe.monitor_state import MonitorState
 
 pytest.importorskip(
@@ -64,6 +64,30 @@ def server():
     s = serve.serve(monitor_server.make_app(state, token="s3cret"), "127.0.0.1", 0)
     yield s, state
     s.close()
+
+
+def test_the_publisher_posts_on_one_connection_with_its_token(server):
+    """LiveMonitor's publisher: its snapshots on one kept-alive connection (the server's answer
+    read back whole each time), the token in its header; a wrong token is an HTTP 401 it warns
+    about once, and the job would go on."""
+    s, state = server
+    good = live.Publisher(s.url, token="s3cret")
+    good.put(snapshot_doc(0))
+    good.put(snapshot_doc(1))
+    good.put(snapshot_doc(1))
+    time.sleep(0.5)
+    sock = good._http.sock
+    good.put(snapshot_doc(0))
+    good.close()
+    assert (good.sent, good.failed) == (4, 0) and sock is not None
+    assert (
+        state.snapshot()["ranks"]["0"]["publishes"] == 2 and state.snapshot()["ranks"]["1"]["publishes"] == 2
+    )
+    bad = live.Publisher(s.url, token="wrong")
+    with pytest.warns(UserWarning, match="HTTP 401"):
+        bad.put(snapshot_doc(0))
+        bad.close()
+    assert (bad.sent, bad.failed) == (0, 1)
 
 
 def test_routes_publish_metrics_and_token(server):
