@@ -180,3 +180,29 @@ def test_late_snapshots_of_the_last_run(tmp_path):
     for d in run_docs("b", 10.0, "none", 0.2, "1->0")[-3:]:
         s.publish(d)
     assert s.snapshot()["run"] == "c" and s.late == 3
+
+
+def test_snapshot_since_sends_only_new_steps():
+    """The event stream's pushes after the first: the steps after the totals the page has, which
+    appended to what it had give the whole series again (also past the series' length)."""
+    from zcoll.observe.monitor_state import SERIES
+
+    s = MonitorState()
+    s.publish(doc(0, 1.0, steps=range(0, 5)))
+    s.publish(doc(1, 1.0, steps=range(0, 3)))
+    first = s.snapshot()
+    page = {r: list(v) for r, v in first["steps"].items()}
+    assert first["step_totals"] == {"0": 5, "1": 3} and "steps_from" not in first
+    totals = first["step_totals"]
+    for t in range(2, 40):
+        s.publish(doc(0, t, steps=range(5 + (t - 2) * 20, 5 + (t - 1) * 20)))
+        if t % 3 == 0:
+            s.publish(doc(1, t, steps=range(t, t + 1)))
+        push = s.snapshot(since=totals)
+        assert push["steps_from"] == totals and push["series"] == SERIES
+        assert "1" not in push["steps"] or t % 3 == 0  # a rank with nothing new is left out
+        for r, new in push["steps"].items():
+            page[r] = (page.get(r, []) + new)[-SERIES:]
+        totals = push["step_totals"]
+        assert page == {r: list(v) for r, v in s.snapshot()["steps"].items()}
+    assert len(page["0"]) == SERIES and page["0"][-1]["step"] == 5 + 38 * 20 - 1

@@ -15,6 +15,7 @@ zcoll.observe.monitor_files reads from a directory.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import threading
@@ -71,6 +72,7 @@ class MonitorState:
         self.run = run
         self.ranks: dict[int, dict[str, Any]] = {}
         self.steps: dict[int, deque] = {}
+        self.step_totals: dict[int, int] = {}  # steps ever received per rank (the series keeps SERIES)
         self.links: dict[str, Any] | None = None
         self.verdict: dict[str, Any] | None = None
         self.verdicts: deque = deque(maxlen=VERDICTS)
@@ -103,9 +105,9 @@ class MonitorState:
             r["publishes"] += 1
             r["received"] = self.clock()
             self._size = max(self._size, int(doc.get("size") or 0))
-            self.steps.setdefault(rank, deque(maxlen=SERIES)).extend(
-                dict(s, t=doc.get("t")) for s in doc.get("steps", [])
-            )
+            new = [dict(s, t=doc.get("t")) for s in doc.get("steps", [])]
+            self.steps.setdefault(rank, deque(maxlen=SERIES)).extend(new)
+            self.step_totals[rank] = self.step_totals.get(rank, 0) + len(new)
             if rank == 0:
                 self._rank0(doc)
             if doc.get("event") == "end":
@@ -216,6 +218,7 @@ class MonitorState:
             self.faults = snapshot.get("faults", [])
             for rank, series in snapshot.get("steps", {}).items():
                 self.steps[int(rank)] = deque(series, maxlen=max(SERIES, len(series)))
+                self.step_totals[int(rank)] = len(series)
             for rank, r in snapshot.get("ranks", {}).items():
                 self.ranks[int(rank)] = dict(r, publishes=0)
             self.version += 1
@@ -278,15 +281,30 @@ class MonitorState:
                         "interface, or its placement: zcoll probe)"})  # fmt: skip
         return out + self._history_suggestions
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, since: dict[str, int] | None = None) -> dict[str, Any]:
+        """The state for the page, the event stream and the metrics. since (the event stream's
+        step_totals of its last push, same run): only the steps after those ("steps_from"), for
+        the page to append: the whole series (600 steps a rank) was most of every push's CPU."""
         with self.lock:
             return clean({
                 "run": self.run, "version": self.version, "static": self.static, "t": self.clock(),
                 "setup": self.setup, "ranks": {str(k): v for k, v in sorted(self.ranks.items())},
-                "steps": {str(k): list(v) for k, v in sorted(self.steps.items())},
+                "steps": self._series(since), "step_totals": {str(k): v for k, v in self.step_totals.items()},
+                **({"steps_from": since, "series": SERIES} if since is not None else {}),
                 "links": self.links, "verdict": self.verdict, "verdicts": list(self.verdicts),
                 "verdict_changes": self.verdict_changes, "faults": self.faults,
                 "suggestions": self.suggestions(), "ended": sorted(self.ended),
                 "report": {k: v for k, v in self.report.items() if k != "suggestions"},
                 "history_error": self.history_error, "notes": self.notes(),
             })  # fmt: skip
+
+    def _series(self, since: dict[str, int] | None) -> dict[str, list]:
+        """Every rank's steps, or only those after since[rank] (ranks with none left out)."""
+        if since is None:
+            return {str(k): list(v) for k, v in sorted(self.steps.items())}
+        out = {}
+        for k, v in sorted(self.steps.items()):
+            new = min(len(v), self.step_totals.get(k, len(v)) - since.get(str(k), 0))
+            if new > 0:
+                out[str(k)] = list(itertools.islice(v, len(v) - new, None))
+        return out

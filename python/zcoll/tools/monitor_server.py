@@ -4,7 +4,8 @@
 ``GET /``                   the page (monitor_page.html): plotly charts, updated by server push
 ``GET /static/plotly.js``   plotly.min.js from the plotly package (nothing from the internet)
 ``GET /api/state``          the state as JSON (MonitorState.snapshot)
-``GET /events``             Server-Sent Events: the state each time it changes (at most 4 a second)
+``GET /events``             Server-Sent Events: the state each time it changes (at most 4 a second;
+                            after the first, only the steps since the one before: ``steps_from``)
 ``GET /metrics``            Prometheus text format (zcoll.observe.metrics.JobCollector)
 ``GET /api/history``        the latest runs of the history file
 ``POST /publish``           a rank's snapshot (zcoll.observe.live.Publisher)
@@ -191,14 +192,16 @@ async def _stream(request: Any, state: MonitorState) -> Any:
     notes do (a rank gone silent publishes nothing that would change the version; looked at
     every second); a comment line now and then keeps proxies from closing the connection."""
     seen, notes, sent, looked, idle = -1, None, -math.inf, -math.inf, 0.0
+    run, totals = None, None  # the steps the page has: after the first push only new ones go
     while not await request.is_disconnected():
         now = time.monotonic()
         changed = state.version != seen
         if not changed and now - looked >= 1.0:
             looked, changed = now, _notes(state) != notes
         if changed and now - sent >= PUSH_SECONDS:
-            seen, snap, sent = state.version, state.snapshot(), now
-            notes = snap["notes"]
+            seen, sent = state.version, now
+            snap = state.snapshot(since=totals if run == state.run else None)
+            notes, run, totals = snap["notes"], snap["run"], snap["step_totals"]
             yield f"data: {json.dumps(snap)}\n\n"
             idle = 0.0
         elif idle >= HEARTBEAT_SECONDS:
