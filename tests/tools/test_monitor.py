@@ -83,6 +83,20 @@ def test_the_publisher_posts_on_one_connection_with_its_token(server):
     assert (
         state.snapshot()["ranks"]["0"]["publishes"] == 2 and state.snapshot()["ranks"]["1"]["publishes"] == 2
     )
+    step = {
+        "step_s": 0.02,
+        "communication": 0.005,
+        "compute": None,
+        "exposed_communication": None,
+        "overlap": None,
+    }
+    for n in range(1, 4):  # /metrics reads each rank's last step
+        doc = dict(snapshot_doc(1), steps=[dict(step, step=i, step_s=0.01 * i) for i in range(n * 3)])
+        assert request(f"{s.url}/publish", doc, token="s3cret")[0] == 200
+    text = request(f"{s.url}/metrics", token="s3cret")[1]
+    fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    rank1 = {x.labels["part"]: x.value for x in fams["zcoll_step_seconds"].samples if x.labels["rank"] == "1"}
+    assert rank1 == {"step": pytest.approx(0.08), "communication": pytest.approx(0.005)}
     bad = live.Publisher(s.url, token="wrong")
     with pytest.warns(UserWarning, match="HTTP 401"):
         bad.put(snapshot_doc(0))

@@ -92,7 +92,7 @@ class _Handlers:
                                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
 
     async def metrics(self, _request: Any) -> Any:
-        text = metrics.exposition(metrics.JobCollector(self.state.snapshot))
+        text = metrics.exposition(metrics.JobCollector(lambda: _last_steps(self.state)))
         return self.r.Response(text, media_type=metrics.CONTENT_TYPE)
 
     async def publish(self, request: Any) -> Any:
@@ -179,6 +179,13 @@ async def _answer(send: Any, status: int, text: str) -> None:
     headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _last_steps(state: MonitorState) -> dict[str, Any]:
+    """The state with each rank's last step only: all that /metrics reads of the series."""
+    with state.lock:
+        since = {str(k): v - 1 for k, v in state.step_totals.items()}
+    return state.snapshot(since=since)
 
 
 def _notes(state: MonitorState) -> list[str]:
