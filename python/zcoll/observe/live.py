@@ -19,7 +19,9 @@
    bounded queue, and classifying them (zcoll.core.diagnose.Diagnoser: healthy, slow rank, slow
    link, slow node; confirmed over three windows) runs on rank 0's publisher thread at once,
    which publishes a changed verdict straight away; other ranks publish no verdict and classify
-   only when ``verdict`` or ``links`` is read.
+   only when ``verdict`` or ``links`` is read. A window like the evidence before it, under a
+   settled verdict, is only blended (classified at least every SETTLE seconds); one that moved
+   is classified at once (Diagnoser's settle).
    The number of steps to the next window comes from the gathered rows themselves, so every rank
    computes the same number without a second collective: ``window`` over the longer of rank 0's
    step time in the window before (the distance between its last two telemetry resets, on its
@@ -32,7 +34,7 @@
    thread never waits for it.
 2. A publisher thread per rank sends, every ``period`` seconds (rank 0 also as soon as the
    verdict changes), a JSON snapshot to the monitor
-   (HTTP POST /publish): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
+   (HTTP POST /publish, on one kept-alive connection): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
    read without communicating), its steps since the last snapshot (phases and buckets from the
    step profiler when one runs, ``zcoll.torch.profile`` / ZCOLL_TRACE; otherwise the step time
    and the time in collectives), the guard's per-bucket figures when compression="auto" logs
