@@ -116,7 +116,8 @@ def _cpu_figures(mon, step_cpu: float, on_s: float) -> dict:
     return {"rank": mon.rank, "on_s": on_s, "step": step_cpu, "window": mon.cpu["window"],
             "classify": mon.cpu["classify"], "document": mon.publisher.cpu["document"] - mon.cpu["classify"],
             "send": mon.publisher.cpu["send"], "publisher": thread_cpu(mon.publisher.thread),
-            "posts": mon.publisher.sent}  # fmt: skip
+            "posts": mon.publisher.sent, "windows": mon._diagnoser.windows,
+            "blended_only": mon._diagnoser.skipped}  # fmt: skip
 
 
 def job(args: argparse.Namespace) -> int:
@@ -210,7 +211,8 @@ def print_cpu(figures: list[dict], run: dict) -> None:
     print(f"    {'monitor process: idle':34}{1e3 * idle:9.2f}")
     print(f"    {'monitor process: the rest (POSTs)':34}{1e3 * posts / on_s:9.2f}")
     print(f"    {'all of it':34}{1e3 * total / on_s:9.2f}   ({ranks[0]['posts']} posts from rank 0, "
-          f"{ranks[-1]['posts']} from rank {ranks[-1]['rank']}, {on_s:.1f} s monitored)")  # fmt: skip
+          f"{ranks[-1]['posts']} from rank {ranks[-1]['rank']}, {on_s:.1f} s monitored; rank 0 classified "
+          f"{ranks[0]['windows'] - ranks[0]['blended_only']} of {ranks[0]['windows']} windows)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

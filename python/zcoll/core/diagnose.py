@@ -443,11 +443,13 @@ class Diagnoser:
         self.history: Deque[Verdict] = collections.deque(maxlen=history)  # the latest verdicts
         self.settle, self.clock = settle, clock
         self._classified = -math.inf  # when classify last ran (clock)
-        self.skipped = 0  # windows blended without classifying (settle)
+        self.windows = 0  # windows updated
+        self.skipped = 0  # of them, blended without classifying (settle)
 
     def update(self, stats: LinkStats) -> Verdict:
         old = self.evidence
         self.evidence = blend(old, stats, self.memory)
+        self.windows += 1
         if self._settled(old, stats):
             self.skipped += 1
             self.history.append(self.current)

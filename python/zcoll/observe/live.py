@@ -33,9 +33,9 @@
    interval is read at the next window (the worker has run it long before), so the training
    thread never waits for it.
 2. A publisher thread per rank sends, every ``period`` seconds (rank 0 also as soon as the
-   verdict changes), a JSON snapshot to the monitor
-   (HTTP POST /publish, on one kept-alive connection): this rank's per-collective counters (zcoll.observe.metrics.call_rows,
-   read without communicating), its steps since the last snapshot (phases and buckets from the
+   verdict changes), a JSON snapshot to the monitor (HTTP POST /publish, on one kept-alive
+   connection): this rank's per-collective counters (zcoll.observe.metrics.call_rows, read
+   without communicating), its steps since the last snapshot (phases and buckets from the
    step profiler when one runs, ``zcoll.torch.profile`` / ZCOLL_TRACE; otherwise the step time
    and the time in collectives), the guard's per-bucket figures when compression="auto" logs
    them, and on rank 0 the link matrices, arrival delays and the verdict.

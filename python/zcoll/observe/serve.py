@@ -68,7 +68,10 @@ def bind(host: str, port: int, public: bool = False, token: str | None = None) -
                 f"zcoll: listening on {host} needs a token (--token or ZCOLL_MONITOR_TOKEN)"
             )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and the
+    # answers (headers, then body: two writes) to a kept-alive connection then waited for the
+    # peer's delayed ACK, 40 ms each
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
