@@ -116,8 +116,8 @@ def _cpu_figures(mon, step_cpu: float, on_s: float) -> dict:
     return {"rank": mon.rank, "on_s": on_s, "step": step_cpu, "window": mon.cpu["window"],
             "classify": mon.cpu["classify"], "document": mon.publisher.cpu["document"] - mon.cpu["classify"],
             "send": mon.publisher.cpu["send"], "publisher": thread_cpu(mon.publisher.thread),
-            "posts": mon.publisher.sent, "windows": mon._diagnoser.windows,
-            "blended_only": mon._diagnoser.skipped}  # fmt: skip
+            "posts": mon.publisher.sent, "windows": getattr(mon._diagnoser, "windows", 0),
+            "blended_only": getattr(mon._diagnoser, "skipped", 0)}  # fmt: skip
 
 
 def job(args: argparse.Namespace) -> int:
