@@ -32,23 +32,33 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
   return keys[k - 1];
 }
 
-// The k-th largest of keys[0..m) (1 <= k <= m < 2^32), keys left as they are: a histogram of
-// bits 30..19 (|x| bits, sign 0: the exponent and 4 mantissa bits, 4096 bins of 1/16 octave)
+// The k-th largest of keys[0..m) (1 <= k <= m < 2^32, every key in [lo, hi]), keys left as they
+// are, and in *above the count of keys larger than it: a histogram of bits 30..19 (|x| bits, sign
+// 0: the exponent and 4 mantissa bits, bins of 1/16 octave) over the bins from lo's to hi's alone
 // finds the bin that holds it, and nth_element runs on that bin's keys alone: two linear passes
 // and a small nth_element instead of nth_element over every candidate (2-3x faster on 1-20 K
-// candidates).
-std::uint32_t kth_largest_radix(const std::uint32_t* keys, std::size_t m, std::size_t k) {
-  constexpr int kShift = 19, kBins = 1 << (31 - kShift);
-  std::uint32_t hist[kBins] = {};
-  for (std::size_t j = 0; j < m; ++j) ++hist[keys[j] >> kShift];
-  std::size_t above = 0;
-  int bin = kBins - 1;
-  for (; bin > 0 && above + hist[bin] < k; --bin) above += hist[bin];
-  thread_local std::vector<std::uint32_t> in_bin;
-  in_bin.clear();
-  for (std::size_t j = 0; j < m; ++j)
-    if (static_cast<int>(keys[j] >> kShift) == bin) in_bin.push_back(keys[j]);
-  return kth_largest(in_bin.data(), in_bin.size(), k - above);
+// candidates). Candidates span a few hundred bins, so clearing and scanning all 4096 per call
+// cost more than the histogram itself on a 32 K-element segment.
+std::uint32_t kth_largest_radix(const std::uint32_t* keys, std::size_t m, std::size_t k, std::uint32_t lo,
+                                std::uint32_t hi, std::size_t* above) {
+  constexpr int kShift = 19;
+  const std::uint32_t base = lo >> kShift, bins = (hi >> kShift) - base + 1;
+  thread_local std::vector<std::uint32_t> hist, in_bin;
+  hist.assign(bins, 0);
+  for (std::size_t j = 0; j < m; ++j) ++hist[(keys[j] >> kShift) - base];
+  std::size_t over = 0;
+  std::uint32_t bin = bins - 1;
+  for (; bin > 0 && over + hist[bin] < k; --bin) over += hist[bin];
+  in_bin.resize(hist[bin] + 1);
+  std::size_t nb = 0;
+  for (std::size_t j = 0; j < m && nb < hist[bin]; ++j) {  // branch-free, as pick_from_candidates
+    in_bin[nb] = keys[j];
+    nb += (keys[j] >> kShift) - base == bin;
+  }
+  const std::uint32_t t = kth_largest(in_bin.data(), nb, k - over);
+  for (std::size_t j = 0; j < nb; ++j) over += in_bin[j] > t;
+  *above = over;
+  return t;
 }
 
 // Exact top-k of x[0..n): threshold key T by nth_element, then one selection pass that keeps
@@ -68,24 +78,25 @@ std::size_t sample_size(std::size_t n) {
   return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 16));
 }
 
-// Sample rank whose key T leaves a few sigma more than k elements with key >= T.
-std::size_t sample_rank(std::size_t n, std::size_t k, std::size_t s) {
+// Sample rank whose key T leaves `sigmas` sigma (and `sigmas` elements) more than k elements
+// with key >= T: mu = s k / n of the sample are expected at or above the k-th largest.
+std::size_t sample_rank(std::size_t n, std::size_t k, std::size_t s, double sigmas) {
   const double mu = double(s) * double(k) / double(n);
-  return static_cast<std::size_t>(std::ceil(mu + 4.0 * std::sqrt(mu) + 4.0));
+  return static_cast<std::size_t>(std::ceil(mu + sigmas * std::sqrt(mu) + sigmas));
 }
 
-// |x| bits at s seeded random positions: uniform over [0, n) (stratified = false), or one uniform
-// position in each of s equal strata, in increasing order (stratified = true: no more spread than
-// independent draws, and the forward walk lets the hardware prefetch).
+// |x| bits at s seeded random positions into keys: uniform over [0, n) (stratified = false), or
+// one uniform position in each of s equal strata, in increasing order (stratified = true: no more
+// spread than independent draws, and the forward walk lets the hardware prefetch).
 template <typename ValueAt>
-std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64_t seed, ValueAt value_at,
-                                       bool stratified = false) {
+void sample_keys(std::size_t n, std::size_t s, std::uint64_t seed, ValueAt value_at, std::vector<std::uint32_t>& keys,
+                 bool stratified = false) {
   const RngKey key = rng_key(seed);
-  std::vector<std::uint32_t> keys(s);
+  keys.resize(s);
   if (!stratified) {
     for (std::size_t j = 0; j < s; ++j)
       keys[j] = qmath::abs_bits(value_at(static_cast<std::size_t>((std::uint64_t(rng_u32(key, j)) * n) >> 32)));
-    return keys;
+    return;
   }
   // Stratum j is [n j / s, n (j + 1) / s), walked without a division per sample (two 64-bit
   // divisions per position cost more than the load itself when x is in cache): width q or q + 1,
@@ -103,57 +114,78 @@ std::vector<std::uint32_t> sample_keys(std::size_t n, std::size_t s, std::uint64
     keys[j] = qmath::abs_bits(value_at(pos));
     b += width;
   }
-  return keys;
 }
-
 
 bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
   return method == TopkMethod::kSampled && n >= 16384 && k <= n / 4;
 }
 
+// Phase 2's two thresholds, in sigmas above the expected rank: the first try keeps fewer
+// candidates and misses (fewer than k) about once in 100-200 calls at the smallest samples; the
+// miss costs one more gather pass at the second, which misses about once in 10^5 (then exact).
+constexpr double kFirstSigmas = 2.0, kRetrySigmas = 4.0;
+
+// Phase 4: the k pairs of largest key among the c candidates (index order, every key >= lo).
+void pick_from_candidates(const std::uint32_t* cidx, const float* cval, std::uint32_t* ckeys, std::size_t c,
+                          std::size_t k, std::uint32_t lo, std::uint32_t* idx, float* val) {
+  std::uint32_t hi = lo;
+  for (std::size_t j = 0; j < c; ++j) {
+    ckeys[j] = qmath::abs_bits(cval[j]);
+    hi = std::max(hi, ckeys[j]);
+  }
+  std::size_t above = 0;
+  const std::uint32_t t = kth_largest_radix(ckeys, c, k, lo, hi, &above);
+  // Branch-free (whether a candidate is kept is as unpredictable as the data): every pair is
+  // written at `out`, which advances past the kept ones; out < k at every write.
+  std::size_t eq_left = k - above, out = 0;
+  for (std::size_t j = 0; j < c && out < k; ++j) {
+    const std::uint32_t key = ckeys[j];
+    const bool eq = key == t, keep = key > t || (eq && eq_left > 0);
+    eq_left -= eq && keep;
+    idx[out] = cidx[j];
+    val[out] = cval[j];
+    out += keep;
+  }
+  ZCOLL_CHECK_EQ(out, k, "sampled top-k fix-up selected a wrong count");
+}
+
 // Sampled top-k (sparsify.h, phases 1-4). `gather(t, ...)` runs phase 3 into (cidx, cval, cap):
 // every key > t and the first k keys == t (enough for any tie at t: if the k-th largest key is
 // t, the result is all keys > t plus the lowest-index keys == t), and returns their count;
+// `regather` is the same pass for the retry (topk_ef: over e, which the first pass made r).
 // false means "fall back to exact".
-template <typename ValueAt, typename Gather>
+template <typename ValueAt, typename Gather, typename Regather>
 bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
-                  std::uint32_t* idx, float* val, std::size_t sample) {
+                  Regather regather, std::uint32_t* idx, float* val, std::size_t sample) {
   const std::size_t s = std::min(n, sample ? sample : topk_sample_size(n));
-  const std::size_t r = sample_rank(n, k, s);
-  std::vector<std::uint32_t> skeys = sample_keys(n, s, seed, value_at, /*stratified=*/true);
-  const std::uint32_t t_lo = kth_largest(skeys.data(), s, std::min(r, s));
-  const std::size_t expect = static_cast<std::size_t>(double(n) * double(r) / double(s));
-  const std::size_t cap = std::min(n, 2 * expect + k + 4096);
-  thread_local std::vector<std::uint32_t> cidx, ckeys;
+  const std::size_t r1 = std::min(s, sample_rank(n, k, s, kFirstSigmas));
+  const std::size_t r2 = std::min(s, sample_rank(n, k, s, kRetrySigmas));
+  thread_local std::vector<std::uint32_t> skeys, cidx, ckeys;
   thread_local std::vector<float> cval;
+  sample_keys(n, s, seed, value_at, skeys, /*stratified=*/true);
+  std::uint32_t t_lo = kth_largest(skeys.data(), s, r1);
+  const std::size_t expect = static_cast<std::size_t>(double(n) * double(r2) / double(s));
+  const std::size_t cap = std::min(n, 2 * expect + k + 4096);
   if (cidx.size() < cap) {
     cidx.resize(cap);
     cval.resize(cap);
     ckeys.resize(cap);
   }
-  const std::size_t c = gather(t_lo, cidx.data(), cval.data(), cap);
-  if (c < k || c > cap) return false;
-  // Phase 4: exact selection among the candidates (already in index order).
-  for (std::size_t j = 0; j < c; ++j) ckeys[j] = qmath::abs_bits(cval[j]);
-  const std::uint32_t t = kth_largest_radix(ckeys.data(), c, k);
-  std::size_t above = 0;
-  for (std::size_t j = 0; j < c; ++j) above += ckeys[j] > t;
-  std::size_t eq_left = k - above, out = 0;
-  for (std::size_t j = 0; j < c; ++j) {
-    const std::uint32_t key = ckeys[j];
-    if (key < t || (key == t && eq_left == 0)) continue;
-    if (key == t) --eq_left;
-    idx[out] = cidx[j];
-    val[out++] = cval[j];
+  std::size_t c = gather(t_lo, cidx.data(), cval.data(), cap);
+  if (c < k && r2 > r1) {  // keys [r1, s) are <= the r1-th after nth_element: the r2-th is among them
+    std::nth_element(skeys.begin() + r1, skeys.begin() + (r2 - 1), skeys.begin() + s, std::greater<std::uint32_t>());
+    t_lo = skeys[r2 - 1];
+    c = regather(t_lo, cidx.data(), cval.data(), cap);
   }
-  ZCOLL_CHECK_EQ(out, k, "sampled top-k fix-up selected a wrong count");
+  if (c < k || c > cap) return false;
+  pick_from_candidates(cidx.data(), cval.data(), ckeys.data(), c, k, t_lo, idx, val);
   return true;
 }
 
 }  // namespace
 
 std::size_t topk_sample_size(std::size_t n) {
-  return std::min<std::size_t>(65536, std::max<std::size_t>(1024, n / 64));
+  return std::min<std::size_t>(65536, std::max<std::size_t>(512, n / 128));
 }
 
 std::size_t topk_sample_share(std::size_t total, std::size_t n) {
@@ -167,12 +199,11 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
   check_sizes(n, k);
   const KernelTable& table = kernel_table(impl);
   if (k == 0) return;
-  if (use_sampled(method, n, k) && topk_sampled(
-                                       n, k, seed, [x](std::size_t i) { return x[i]; },
-                                       [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
-                                         return table.select(x, n, t, k, ci, cv, cap);
-                                       },
-                                       idx, val, sample))
+  auto gather = [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
+    return table.select(x, n, t, k, ci, cv, cap);
+  };
+  if (use_sampled(method, n, k) &&
+      topk_sampled(n, k, seed, [x](std::size_t i) { return x[i]; }, gather, gather, idx, val, sample))
     return;
   topk_exact(table, x, n, k, idx, val);
 }
@@ -189,6 +220,9 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
           return table.select_ef(g, e, n, t, k, ci, cv, cap);
         },
+        [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {  // e holds r now
+          return table.select(e, n, t, k, ci, cv, cap);
+        },
         idx, val, sample);
   } else {
     table.select_ef(g, e, n, kNone, kAll, nullptr, nullptr, 0);  // e = r, selects nothing
@@ -201,7 +235,8 @@ float topk_threshold(const float* x, std::size_t n, std::size_t k, std::uint64_t
   check_sizes(n, k);
   if (n == 0 || k == 0) return std::numeric_limits<float>::infinity();
   const std::size_t s = std::min(n, sample_size(n));
-  std::vector<std::uint32_t> keys = sample_keys(n, s, seed, [x](std::size_t i) { return x[i]; });
+  std::vector<std::uint32_t> keys;
+  sample_keys(n, s, seed, [x](std::size_t i) { return x[i]; }, keys);
   const std::size_t r = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(double(s) * k / n)));
   return bits_float(kth_largest(keys.data(), s, std::min(r + 1, s)));
 }

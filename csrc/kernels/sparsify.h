@@ -23,19 +23,21 @@
 // ---- Top-k methods ------------------------------------------------------------------------
 //   kExact    |x| bits of all n elements, std::nth_element, then one selection pass.
 //             Cost: 4n bytes of scratch, O(n) but ~20 ns per element (0.2-0.4 GB/s).
-//   kSampled  1. |x| of s = clamp(n/64, 1024, 65536) elements (`sample` when given: a segment of
+//   kSampled  1. |x| of s = clamp(n/128, 512, 65536) elements (`sample` when given: a segment of
 //                a larger tensor passes topk_sample_share, its share of the whole tensor's s, so
 //                cutting a tensor into segments does not multiply its sampling), one at a seeded
 //                random position in each of s equal strata (increasing addresses: the
 //                prefetcher follows);
-//             2. T = the sample's r-th largest, r = mu + 4 sqrt(mu) + 4, mu = s k / n, so that
-//                |x| >= T holds for a few sigma more than k elements;
+//             2. T = the sample's r-th largest, r = mu + 2 sqrt(mu) + 2, mu = s k / n, so that
+//                |x| >= T holds for about 2 sigma more than k elements;
 //             3. one vectorised compaction pass keeps (i, x[i]) with |x[i]| > T and the first
-//                k with |x[i]| == T (about k (1 + 4 / sqrt(mu)) candidates: 1.15 k for 1% of
-//                4M elements, 1.45 k for 1% of 512K; ties at T, e.g. zeros, are capped);
-//             4. exact selection (nth_element) among those candidates fixes the result to
-//                exactly the k that kExact returns (every top-k element is a candidate).
-//             If the sample misjudged (fewer than k or too many candidates, probability
+//                k with |x[i]| == T (about k (1 + 2 / sqrt(mu)) candidates; ties at T, e.g.
+//                zeros, are capped). Fewer than k (T too high, about 1 call in 100-200 at the
+//                smallest samples): once more with r = mu + 4 sqrt(mu) + 4;
+//             4. exact selection (a histogram of the candidates' keys, nth_element in the bin
+//                of the k-th) fixes the result to exactly the k that kExact returns (every
+//                top-k element is a candidate).
+//             If the sample misjudged twice (fewer than k or too many candidates, probability
 //             ~1e-5) it falls back to kExact: same result, slower.
 //             Cost: one read of x (DRAM speed) + O(s + k) work; scratch ~40 k bytes kept
 //             per thread. Used when n >= 16384 and k <= n / 4; otherwise kExact.
@@ -63,7 +65,7 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
              TopkMethod method = TopkMethod::kSampled, std::uint64_t seed = 0,
              KernelImpl impl = KernelImpl::kDispatch, std::size_t sample = 0);
 
-// kSampled's sample of n elements: clamp(n / 64, 1024, 65536).
+// kSampled's sample of n elements: clamp(n / 128, 512, 65536).
 std::size_t topk_sample_size(std::size_t n);
 
 // The sample of a segment of n elements of a tensor of `total`: its share of

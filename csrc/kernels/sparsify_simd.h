@@ -6,7 +6,9 @@
 // Per vector of kLanes elements:
 //   1. keys = |v| bits; mask = (keys > t) | (keys == t while the equal-key budget lasts)
 //   2. mask == 0 (the common case at 1% density): next vector
-//   3. else walk the set bits in lane order (the scalar reference's order) and offer the pairs
+//   3. else, when no key equals t and kLanes pairs fit: write every lane, advance by the flagged
+//      ones (branch-free); otherwise walk the set bits in lane order (the scalar reference's
+//      order) and offer the pairs
 // Cost: one read of x (+ read and write of e for select_ef), ~5 vector ops per vector; the
 // appends are scalar but touch only the ~k selected elements.
 // Included in the anonymous namespace of kernels_<isa>.cc, after simd_ops.h.
@@ -24,6 +26,17 @@ std::size_t select_t(Load load, std::size_t n, std::uint32_t t, std::size_t eq_b
     if (m == 0) continue;
     alignas(64) float lanes[kL];
     V::store(lanes, v);
+    if (m == gt && s.count + kL <= s.cap) {
+      // Every flagged lane is kept and there is room: write every lane, advance past the flagged
+      // ones. Which lanes are flagged is as unpredictable as the data, so a branch per set bit
+      // (the walk below) mispredicts about once per vector where candidates are dense.
+      for (std::size_t j = 0; j < kL; ++j) {
+        s.idx[s.count] = static_cast<std::uint32_t>(i + j);
+        s.val[s.count] = lanes[j];
+        s.count += (m >> j) & 1u;
+      }
+      continue;
+    }
     for (V::Bits b = m; b != 0; b &= b - 1) {
       const int j = __builtin_ctz(b);
       if (m == gt)  // no equal keys involved: every flagged lane is kept

@@ -678,6 +678,27 @@ def test_topk_sampled_seed_independent():
         assert np.array_equal(topk(x, 10486, seed=seed)[0], a[0])
 
 
+@pytest.mark.parametrize("n,k", [(32768, 328), (16384, 4096)])
+def test_topk_sampled_retry_same_pairs(n, k):
+    """Many seeds on a segment-sized input: the first threshold (2 sigma) misses in about 1 call
+    of 100 and the pass runs again at 4 sigma; every seed must give the exact pairs (and, with
+    error feedback, the exact residual: the retry must not add g to e twice)."""
+    x = gradient(n, seed=n + k)
+    want, _ = topk(x, k, "exact")
+    e0 = gradient(n, seed=7) * np.float32(0.5)
+    want_ef = np_topk(x + e0, k)
+    for seed in range(300):
+        assert np.array_equal(topk(x, k, "sampled", seed=seed)[0], want), seed
+    for seed in range(0, 300, 3):
+        e = e0.copy()
+        idx, val = np.zeros(k, np.uint32), np.zeros(k, np.float32)
+        C.topk_ef(addr(x), addr(e), n, k, addr(idx), addr(val), method="sampled", seed=seed)
+        r = x + e0
+        assert np.array_equal(idx, want_ef) and bits_equal(val, r[idx]), seed
+        r[idx] = 0
+        assert bits_equal(e, r), seed
+
+
 def test_topk_threshold_estimate():
     x = gradient(1 << 20, seed=3)
     for k in (1000, 10486, 100000):
