@@ -39,8 +39,9 @@ RANKS, VICTIM, AFTER, STEPS, TIMEOUT = 3, 1, 6, 16, 5.0
 # 14 chaos jobs (docs/recovery.md); bound at 1e-6, as tests/chaos_shrink.py's --tolerance.
 TRAJECTORY_TOLERANCE = 1e-6
 # Seconds a recovery from a stopped rank may take beyond the detection (timeout + the watchdog's
-# 1 s): 0.9-1.0 s measured at load 12-13 (docs/recovery.md); 3 s of margin for a loaded machine.
-STOPPED_MARGIN = 3.0
+# 1 s): 0.9 s measured at load 13, 1.6-2.8 s at load 14-22 (docs/recovery.md). The two graces it
+# waited before added 6 s, which this bound still catches.
+STOPPED_MARGIN = 4.0
 _RECOVERED = re.compile(
     r"ZCOLL-RECOVERED rank=(\d+) lost=(\S+) world=(\S+) resumed=(\d+) accumulation=(\d+) attempts=(\d+) "
     r"seconds=([\d.]+) t=([\d.]+) how=(\S+)"
