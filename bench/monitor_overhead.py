@@ -13,7 +13,9 @@ the publisher thread sleeps on its queue), in an order shuffled per pair of bloc
 
 Reported: the median step time of each block (rank 0's clock, the slowest rank's step), the
 median over the on blocks against the median over the off blocks, and the spread of the paired
-differences (per pair of adjacent blocks) with the 90% bootstrap interval of their median. Run
+differences (per pair of adjacent blocks) with the 90% bootstrap interval of their median; and
+the monitor's CPU in ms per second of "on" blocks, by part and thread (robust to other load,
+unlike the step times: docs/monitor.md "What it costs"). Run
 it with nothing else on the machine (docs/monitor.md has the commands its table came from):
 
     flock /tmp/zcoll-bench.lock python bench/monitor_overhead.py --mode ddp --blocks 120 --json /tmp/mon-ddp.json
