@@ -115,6 +115,8 @@ def _ddp(args: argparse.Namespace):
 
 def _cpu_figures(mon, step_cpu: float, on_s: float) -> dict:
     """This rank's monitor CPU seconds by part and thread (docs/monitor.md's cost table)."""
+    if mon.executor is None:  # no torch worker: the windows ran inside step(), counted once
+        step_cpu -= mon.cpu["window"]
     return {"rank": mon.rank, "on_s": on_s, "step": step_cpu, "window": mon.cpu["window"],
             "classify": mon.cpu["classify"], "document": mon.publisher.cpu["document"] - mon.cpu["classify"],
             "send": mon.publisher.cpu["send"], "publisher": thread_cpu(mon.publisher.thread),
@@ -200,7 +202,7 @@ def bootstrap(values: list[float], rounds: int = 4000, level: float = 0.9) -> tu
 def print_cpu(figures: list[dict], run: dict) -> None:
     """The monitor's CPU in ms per second of monitored ("on") time, by part and rank; the
     monitor process's: idle (every second, on or off) and the rest (the POSTs: on time only)."""
-    parts = [("step", "training thread: mon.step()"), ("window", "communicator's thread: windows"),
+    parts = [("step", "training thread: mon.step()"), ("window", "the windows (plain: in step())"),
              ("classify", "publisher: classify (rank 0)"), ("document", "publisher: documents"),
              ("send", "publisher: JSON + POST"), ("publisher", "publisher thread, all")]  # fmt: skip
     ranks = sorted(figures, key=lambda f: f["rank"])
