@@ -49,10 +49,10 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import queue
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
@@ -69,7 +69,6 @@ from ..core.diagnose import Diagnoser, LinkStats, Verdict, from_rows
 from . import metrics, trace
 
 FORMAT = "zcoll-monitor/1"
-MAX_ANSWER = 1 << 16  # bytes of the monitor's answer to a POST read at most
 QUEUE = 64  # snapshots waiting for the publisher; more are dropped
 SETTLE = 1.0  # seconds a settled verdict goes without classifying windows like the evidence
 ROWS = 32  # telemetry windows waiting to be classified; older ones are dropped (their weight
@@ -191,7 +190,9 @@ class Publisher:
     def __init__(self, url: str, token: str | None = None, timeout: float = 2.0):
         self.url = url.rstrip("/") + "/publish"
         self.token, self.timeout = token, timeout
-        self._http = _Http(self.url, token, timeout)  # kept alive between POSTs
+        self._target = urllib.parse.urlsplit(self.url)
+        self._path = self._target.path + (f"?{self._target.query}" if self._target.query else "")
+        self._conn: http.client.HTTPConnection | None = None  # kept alive between POSTs
         self.queue: queue.Queue = queue.Queue(QUEUE)
         self.sent = self.dropped = self.failed = 0
         self.cpu = {"document": 0.0, "send": 0.0}  # this thread's CPU seconds, by part (benchmarks)
@@ -226,7 +227,8 @@ class Publisher:
         while True:
             doc = self.queue.get()
             if doc is None:
-                self._http.close()
+                if self._conn is not None:
+                    self._conn.close()
                 return
             if backoff and time.monotonic() < backoff:
                 self.dropped += 1
@@ -256,83 +258,36 @@ class Publisher:
     def _post(self, body: bytes) -> None:
         """One POST on the kept-alive connection (a new connection per POST cost the monitor and
         this thread a TCP set-up each); once more on a new one when the kept one was closed."""
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         for attempt in (0, 1):
-            fresh = self._http.sock is None
+            fresh = self._conn is None
+            if fresh:
+                self._conn = self._connect()
             try:
-                status = self._http.post(body)
-            except (OSError, ValueError, IndexError) as e:  # ValueError, IndexError: a garbled answer
-                self._http.close()
+                self._conn.request("POST", self._path, body, headers)
+                response = self._conn.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException) as e:
+                self._conn.close()
+                self._conn = None
                 if fresh or attempt or isinstance(e, TimeoutError):  # a slow monitor: no second wait
                     raise
                 continue
-            if status >= 400:
-                raise OSError(f"HTTP {status}")
+            if response.status >= 400:
+                raise OSError(f"HTTP {response.status} {response.reason}")
             return
 
-
-class _Http:
-    """One kept-alive HTTP/1.1 connection that POSTs JSON: the request in one send, the answer's
-    status read back with its Content-Length body (http.client parsed every answer's headers with
-    the email package: three times this thread's CPU per POST, taken beside the training)."""
-
-    def __init__(self, url: str, token: str | None, timeout: float):
-        target = urllib.parse.urlsplit(url)
-        self.bad = (
-            None if target.scheme in ("http", "https") and target.hostname else f"not an http:// URL: {url}"
-        )
-        self.tls = target.scheme == "https"
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._target.scheme not in ("http", "https") or not self._target.hostname:
+            raise OSError(f"not an http:// URL: {self.url}")  # said by the publisher's warning
+        kind = http.client.HTTPSConnection if self._target.scheme == "https" else http.client.HTTPConnection
         try:
-            port = target.port or (443 if self.tls else 80)
+            port = self._target.port
         except ValueError as e:  # a port out of range
-            port, self.bad = 0, f"{e}: {url}"
-        self.address = (target.hostname or "", port)
-        path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-        auth = f"Authorization: Bearer {token}\r\n" if token else ""
-        self.head = (f"POST {path} HTTP/1.1\r\nHost: {target.netloc}\r\nContent-Type: application/json\r\n"
-                     f"{auth}Content-Length: ").encode()  # fmt: skip
-        self.timeout = timeout
-        self.sock: socket.socket | None = None
-
-    def post(self, body: bytes) -> int:
-        """The answer's HTTP status; OSError when the connection fails or closes early."""
-        if self.bad:  # said by the publisher's warning, like a monitor that is not there
-            raise OSError(self.bad)
-        if self.sock is None:
-            sock = socket.create_connection(self.address, timeout=self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock = (
-                ssl.create_default_context().wrap_socket(sock, server_hostname=self.address[0])
-                if self.tls
-                else sock
-            )
-        self.sock.sendall(self.head + b"%d\r\n\r\n" % len(body) + body)
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            answer += self._recv(len(answer))
-        head, _, rest = answer.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status, length, close = int(lines[0].split()[1]), None, False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            length = int(value) if name == b"content-length" else length
-            close |= name == b"connection" and value == b"close"
-        while length is not None and len(rest) < length:
-            rest += self._recv(len(rest))
-        if close or length is None:  # no length to read it by: a new connection next time
-            self.close()
-        return status
-
-    def _recv(self, have: int) -> bytes:
-        chunk = self.sock.recv(65536)
-        if not chunk or have > MAX_ANSWER:
-            raise ConnectionError("the monitor closed the connection")
-        return chunk
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+            raise OSError(f"{e}: {self.url}") from None
+        return kind(self._target.hostname, port, timeout=self.timeout)
 
 
 class _Later:

@@ -100,7 +100,8 @@ class Server:
             app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
         )  # an open event stream must not hold it
         self._server = uvicorn.Server(config)
-        self._server.main_loop = self._main_loop  # instead of uvicorn's 10 wake-ups a second
+        if hasattr(self._server, "on_tick"):  # uvicorn's loop as 0.29-0.55 have it; else theirs
+            self._server.main_loop = self._main_loop  # instead of uvicorn's 10 wake-ups a second
         self._loop: Any = None
         self._wake: Any = None
         self._thread = threading.Thread(target=self._run, name=f"{name}:{self.port}", daemon=True)
