@@ -27,13 +27,13 @@ setup_mpich() {
   fi
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
-  if ! python -c "import mpi4py, numpy, pytest, pytest_timeout, hypothesis, torch, sklearn, matplotlib, expecttest, starlette, uvicorn, prometheus_client, plotly, selenium" 2>/dev/null \
+  if ! python -c "import mpi4py, numpy, pytest, pytest_timeout, hypothesis, torch, sklearn, matplotlib, expecttest, starlette, uvicorn, httptools, prometheus_client, plotly, selenium" 2>/dev/null \
      || [ ! -x "$VENV/bin/mpicc" ]; then
     echo "== installing build and test requirements into $VENV" >&2
     python -m pip install -q --upgrade pip
     python -m pip install -q "mpich" "mpi4py>=4.0" "numpy>=1.24" "pytest>=8" pytest-timeout "hypothesis>=6" \
       "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake "torch==2.13.0" scikit-learn matplotlib expecttest \
-      "starlette>=0.37" "uvicorn>=0.29" "prometheus_client>=0.20" "plotly>=5" "selenium>=4.20" \
+      "starlette>=0.37" "uvicorn>=0.29" "httptools>=0.6" "prometheus_client>=0.20" "plotly>=5" "selenium>=4.20" \
       2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
   echo "== building zcoll" >&2
