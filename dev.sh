@@ -73,7 +73,9 @@ setup_openmpi() {
     exit 1; }
   exec 9>&-
   # Open MPI refuses to run as root without these, and more ranks than cores without oversubscribing.
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  # prterun (Open MPI 5) ignores OMPI_MCA_rmaps_base_oversubscribe; its own default mapping policy
+  # takes the modifier (and still accepts --oversubscribe or --map-by on the command line).
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 }
 
 if [ "${1:-}" != "--engine" ] && [ "${2:-}" = "--engine" ]; then  # ./dev.sh test --engine openmpi ...
