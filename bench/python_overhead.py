@@ -17,19 +17,23 @@ place) four ways to allreduce take turns in blocks of ``--iters`` calls, in one 
 3. Per way: the median over ``--repeats`` blocks, then the slowest rank's.
 4. After timing, one call per way is checked against the exact sum (#wrong: elements off).
 
+Every call runs on one hot buffer, back to back: this is the cost of the call itself. What a
+training step sees at 256 KiB and above (buffers evicted between calls) is
+bench/shm_allreduce.py's cold rows; its hot rows time the same thing as this file.
+
 Columns: size, time per call (us) of each way, overhead = zcoll-from-Python - C++, and the
 ratio zcoll-from-Python / mpi4py. The machine may be shared: repeat, and compare numbers of
 one run only. Progress goes to stderr; ``--csv FILE`` writes the rows too.
 """
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 
 import numpy as np
 import zcoll
+from allreduce_timing import mpich_collectives, slowest, way_call, wrong, write_csv
 from mpi4py import MPI
 from zcoll import _C
 
@@ -84,13 +88,8 @@ class Way:
 
     def wrong(self, p: int) -> int:
         """Elements off the exact sum after one call (C++: the same allreduce from Python)."""
-        self.out[:] = 0
-        if self.name == "mpi4py":
-            self.world.Allreduce(self.x, self.out)
-        else:
-            self.comm.allreduce(self.x, algorithm=self.algorithm, out=self.out)
-        got = np.asarray(self.out, dtype=np.float64)
-        return int(np.count_nonzero(got != p * (p + 1) / 2))
+        way = "mpi4py" if self.name == "mpi4py" else "zcoll"
+        return wrong(way_call(way, self.comm, self.world, self.algorithm), self.x, self.out, p)
 
 
 def main() -> int:
@@ -105,7 +104,8 @@ def main() -> int:
     if rank == 0:
         print(
             f"# zcoll {zcoll.__version__}, {p} rank(s), algorithm={o.algorithm}, float32, out given; "
-            f"median of {o.repeats} blocks of {o.iters} calls, slowest rank"
+            f"median of {o.repeats} blocks of {o.iters} calls on one hot buffer, slowest rank; "
+            f"MPIR_CVAR_DEVICE_COLLECTIVES {mpich_collectives()}"
         )
         head = [
             "size",
@@ -128,9 +128,9 @@ def main() -> int:
                 world.Barrier()
                 objs[w].block(1)
                 times[w].append(objs[w].block(o.iters))
-        med = {w: world.allreduce(statistics.median(times[w]), op=MPI.MAX) * 1e6 for w in ways}
-        wrong = sum(world.allreduce(objs[w].wrong(p), op=MPI.SUM) for w in ways)
-        wrong_total += wrong
+        med = {w: slowest(world, statistics.median(times[w])) * 1e6 for w in ways}
+        bad = sum(world.allreduce(objs[w].wrong(p), op=MPI.SUM) for w in ways)
+        wrong_total += bad
         cpp, mpi = med["C++"], med["mpi4py"]
         npy, tch = med["zcoll-numpy"], med.get("zcoll-torch")
         row = {
@@ -140,7 +140,7 @@ def main() -> int:
             "overhead torch us": None if tch is None else tch - cpp,
             "np/mpi4py": npy / mpi,
             "torch/mpi4py": None if tch is None else tch / mpi,
-            "#wrong": wrong,
+            "#wrong": bad,
         }
         rows.append(row)
         if rank == 0:
@@ -149,12 +149,9 @@ def main() -> int:
                 for k, v in row.items()
                 if k not in ("size", "#wrong")
             ]
-            print("".join(cells) + (f"   #wrong {wrong}" if wrong else ""), flush=True)
+            print("".join(cells) + (f"   #wrong {bad}" if bad else ""), flush=True)
     if rank == 0 and o.csv:
-        with open(o.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(o.csv, rows)
     comm.free()
     if wrong_total and rank == 0:
         print(f"error: {wrong_total} wrong elements", file=sys.stderr)
