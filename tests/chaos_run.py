@@ -45,12 +45,10 @@ quality within a tolerance of a fault-free run's, not bit-identical; its --help 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -58,6 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import chaos_shrink
+from chaos_table import aligned, by_kind, lost_cells, recovered, verdict, write_results
 from mpi_util import ROOT, TESTS_DIR, job_env
 from zcoll.core import checkpoint_files
 from zcoll.tools.proc import kill_tree, run_tree
@@ -369,29 +368,18 @@ def final_digest(path: Path) -> str | None:
     return m[1] if m else None
 
 
-def _lost(faults: list[Fault]) -> str:
-    lost = [f.lost for f in faults if f.lost is not None]
-    return f"{statistics.median(lost):.1f}  {max(lost):.1f}" if lost else "-  -"
-
-
 def table(faults: list[Fault], restarts: int | None) -> str:
     """Faults by signal and when: where they landed, recovered (training back at its step), the
     seconds lost (median, max)."""
-    rows = [("signal", "when", "faults", "landed in", "recovered", "lost s: median  max")]
-    groups: dict[tuple, list[Fault]] = {}
-    for f in faults:
-        groups.setdefault((f.signal, f.when), []).append(f)
-    for (sig, when), fs in sorted(groups.items()):
+    rows = [("signal", "when", "faults", "landed in", "recovered", "lost s: median", "max")]
+    for (sig, when), fs in by_kind(faults).items():
         landed: dict[str, int] = {}
         for f in fs:
             landed[f.phase] = landed.get(f.phase, 0) + 1
         where = ", ".join(f"{p} {n}" for p, n in sorted(landed.items()))
-        rows.append((sig, when, str(len(fs)), where, str(sum(f.back is not None for f in fs)), _lost(fs)))
-    rows.append(
-        ("all", "", str(len(faults)), "", str(sum(f.back is not None for f in faults)), _lost(faults))
-    )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        rows.append((sig, when, str(len(fs)), where, recovered(fs), *lost_cells(fs, 1)))
+    rows.append(("all", "", str(len(faults)), "", recovered(faults), *lost_cells(faults, 1)))
+    lines = aligned(rows)
     lines.append(
         f"recoveries: {restarts if restarts is not None else '?'} restarts by `zcoll run` (restart recovery)"
     )
@@ -492,18 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     lost = sum(f.lost or 0 for f in injected)
     lines.append(f"wall: fault-free {plain_s:.1f} s, with {len(injected)} faults {seconds:.1f} s "
                  f"({seconds - plain_s:.1f} s more; per-fault losses sum to {lost:.1f} s)")  # fmt: skip
-    lines += ["", "PASS" if not problems else "FAIL:\n  " + "\n  ".join(problems)]
-    report = "\n".join(lines)
-    say("\n" + report)
-    (out / "table.txt").write_text(report + "\n")
+    lines += ["", verdict(problems)]
     results = {
         "plan": len(plan), "faults": len(injected), "restarts": restarts, "identical": got == want and got is not None,
         "digest": got, "reference_digest": want, "corrupt": len(bad), "scans": len(chaos.scans),
         "hangs": sum(p.startswith("hang") for p in problems), "problems": problems, "seconds": seconds,
         "reference_seconds": plain_s, "fault_list": [asdict(f) for f in plan],
     }  # fmt: skip
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    say(f"\n{out / 'table.txt'}, {out / 'results.json'}")
+    write_results(out, "\n".join(lines), results)
     return 0 if not problems else 1
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import re
@@ -53,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import engines
+from chaos_table import aligned, by_kind, lost_cells, recovered, verdict, write_results
 from mpi_util import ROOT, TESTS_DIR, job_env
 from zcoll.tools.proc import kill_tree
 
@@ -285,12 +285,8 @@ def plan(args: argparse.Namespace) -> list[list[Fault]]:
 
 def table(faults: list[Fault], jobs: list[dict], reference: float) -> str:
     rows = [("fault", "faults", "back", "cut", "lost s: median", "max")]
-    kinds = [(sig, when) for sig in ("kill", "stop") for when in ("random", "recovery")]
-    for sig, when in [k for k in kinds if any((f.signal, f.when) == k for f in faults)] + [("all", "")]:
-        fs = [f for f in faults if sig == "all" or (f.signal, f.when) == (sig, when)]
-        lost = [f.lost for f in fs if f.lost is not None]
-        rows.append((f"{sig} {when}".strip(), str(len(fs)), str(sum(f.back is not None for f in fs)), str(sum(f.cut for f in fs)),
-                     f"{statistics.median(lost):.2f}" if lost else "-", f"{max(lost):.2f}" if lost else "-"))  # fmt: skip
+    for (sig, when), fs in [*by_kind(faults).items(), (("all", ""), faults)]:
+        rows.append((f"{sig} {when}".strip(), str(len(fs)), recovered(fs), str(sum(f.cut for f in fs)), *lost_cells(fs, 2)))  # fmt: skip
     lines = aligned(rows)
     rows = [
         ("job", "faults", "recoveries", "restarted", "status", "exit s", "held-out loss", "vs fault-free")
@@ -308,11 +304,6 @@ def table(faults: list[Fault], jobs: list[dict], reference: float) -> str:
     lines.append(f"recoveries: {rec} in-place (ElasticLoop.recover), of which "
                  f"{sum(j['restarted_recoveries'] for j in jobs)} started again after a fault during a recovery")  # fmt: skip
     return "\n".join(lines)
-
-
-def aligned(rows: list) -> list:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -390,17 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         faults += faults_of_job
         problems += res["problems"]
-    report = (
-        table(faults, results, reference)
-        + "\n\n"
-        + ("PASS" if not problems else "FAIL:\n  " + "\n  ".join(problems))
-    )
-    say("\n" + report)
-    (out / "table.txt").write_text(report + "\n")
-    (out / "results.json").write_text(json.dumps({"reference_loss": reference, "reference_seconds": ref_s,
-        "jobs": results, "faults": [asdict(f) for f in faults], "problems": problems,
-        "args": {k: str(v) for k, v in vars(args).items()}}, indent=1))  # fmt: skip
-    say(f"\n{out / 'table.txt'}, {out / 'results.json'}")
+    write_results(out, table(faults, results, reference) + "\n\n" + verdict(problems), {
+        "reference_loss": reference, "reference_seconds": ref_s, "jobs": results, "faults": [asdict(f) for f in faults],
+        "problems": problems, "args": {k: str(v) for k, v in vars(args).items()}})  # fmt: skip
     return 0 if not problems else 1
 
 
