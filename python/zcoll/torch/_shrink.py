@@ -52,14 +52,18 @@ class ShrinkOptions:
         self._timeout, self.alive = timeout, bool(alive)
 
 
+def _ranks_in(group: Any, other: Any) -> list[int]:
+    """The ranks in MPI group `other` of `group`'s members, in `group`'s order; frees both groups."""
+    try:
+        return list(group.Translate_ranks(list(range(group.size)), other))
+    finally:
+        group.Free()
+        other.Free()
+
+
 def failed_ranks(comm: Any) -> set:
     """The ranks of mpi4py communicator `comm` that MPI (ULFM) holds failed now."""
-    failed, everyone = comm.Get_failed(), comm.Get_group()
-    try:
-        return set(failed.Translate_ranks(list(range(failed.size)), everyone))
-    finally:
-        failed.Free()
-        everyone.Free()
+    return set(_ranks_in(comm.Get_failed(), comm.Get_group()))
 
 
 def known_failed(comm: Any, ranks: list, grace: float) -> bool:
@@ -189,12 +193,7 @@ class ShrinkOps:
 
 def members_in(comm: Any, parent: Any) -> list[int]:
     """The ranks in `parent` of comm's members, in comm's order."""
-    mine, theirs = comm.Get_group(), parent.Get_group()
-    try:
-        return list(mine.Translate_ranks(list(range(comm.size)), theirs))
-    finally:
-        mine.Free()
-        theirs.Free()
+    return _ranks_in(comm.Get_group(), parent.Get_group())
 
 
 def install() -> None:
