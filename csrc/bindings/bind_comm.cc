@@ -7,11 +7,8 @@
 #include <mpi.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
-#include <thread>
+#include <optional>
 
 #include "bindings.h"
 #include "bindings/enums.h"
@@ -117,6 +114,23 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
       .def_property_readonly(
           "broken", [](CommHandle& c) { return !c.freed() && c.comm().watchdog().broken(); },
           "True once a TimeoutError broke this communicator (every later call raises BrokenError).")
+      .def_property_readonly(
+          "_last_failure",
+          [](CommHandle& c) -> py::object {
+            if (c.freed()) return py::none();
+            const std::optional<LastFailure> f = c.comm().watchdog().last_failure();
+            if (!f) return py::none();
+            py::dict d;
+            d["missing"] = f->info.missing;
+            d["lost"] = f->info.lost;
+            d["alive"] = f->alive;
+            d["seq"] = f->info.seq;
+            d["collective"] = f->info.collective;
+            return std::move(d);
+          },
+          "None, or what the failure that broke this communicator told its caller: {missing, lost, alive, seq, "
+          "collective}; alive: the missing ranks whose process this rank saw on this machine, stopped or running "
+          "(None once freed, and after leave or a shrink's retirement, which are no failure of this rank).")
       .def(
           "abort",
           [](CommHandle& c, const std::string& reason) { c.comm().watchdog().request_abort(reason); },
@@ -195,22 +209,11 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
   m.def("dump_all", &dump_all, py::arg("reason") = "zcoll.dump()", py::call_guard<py::gil_scoped_release>(),
         "Writes the flight recorder of every live communicator of this process; returns the paths.");
   m.def("dump_directory", &dump_directory, "Where flight-recorder dumps go (ZCOLL_DUMP_DIR).");
-  m.def(
-      "exit_if_stuck",
-      [](double seconds, int status) {
-        std::thread([seconds, status] {
-          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-          std::fprintf(stderr,
-                       "zcoll: this process did not end within %g s of exiting with a broken communicator "
-                       "(MPI_Finalize waiting for a lost rank?): exiting with status %d\n",
-                       seconds, status);
-          std::fflush(stderr);
-          _exit(status);
-        }).detach();
-      },
-      py::arg("seconds"), py::arg("status"),
-      "Ends the process with `status` unless it has ended by itself within `seconds` (a C++ thread, "
-      "alive while Python finalizes).");
+  m.def("exit_if_stuck", &exit_if_stuck, py::arg("seconds"), py::arg("status"), py::arg("cap_seconds"),
+        "Ends the process with `status` (without MPI_Finalize) if it has not ended by itself within "
+        "`seconds` and a peer of one of its MPI communicators on this machine is gone or stopped (or a peer "
+        "is on another machine, where only the timer can tell), and in any case after `cap_seconds` "
+        "(a C++ thread, alive while Python finalizes): comm/watchdog.h.");
   m.def("broken_count", &Watchdog::broken_count,
         "Communicators of this process that a failure (zcoll.TimeoutError) broke so far.");
   m.def("mpi_initialized", [] {

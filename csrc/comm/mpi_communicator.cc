@@ -135,22 +135,6 @@ std::uint64_t machine_identity() {
   return h | 1;
 }
 
-enum class ProcessState { kRunning, kStopped, kGone };
-
-// kill(pid, 0) says whether the pid exists; /proc says whether it is a zombie (killed, not yet
-// reaped by its launcher) or stopped.
-ProcessState process_state(std::int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return ProcessState::kGone;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return ProcessState::kRunning;
-  const auto paren = line.rfind(')');
-  const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : 'R';
-  if (state == 'Z' || state == 'X') return ProcessState::kGone;
-  if (state == 'T' || state == 't') return ProcessState::kStopped;
-  return ProcessState::kRunning;
-}
-
 Request active_request(std::uint64_t handle, int peer) {
   Request request;
   request.handle = handle;
@@ -298,6 +282,8 @@ MpiTransport::MpiTransport(MPI_Comm parent) {
     pids_.push_back(all[3 * r]);
     machine_.push_back(static_cast<std::uint64_t>(all[3 * r + 1]));
   }
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) note_exit_peer(same_machine(r) ? pids_[static_cast<std::size_t>(r)] : -1);
   id_ = detail::concat(std::hex, machine_[0] & 0xfffff, std::dec, "-", pids_[0], "-", all[2]);
 }
 
@@ -589,8 +575,10 @@ bool MpiTransport::same_machine(int peer) const {
   return machine_[static_cast<std::size_t>(peer)] != 0 && machine_[static_cast<std::size_t>(peer)] == machine_[rank_];
 }
 
-bool MpiTransport::peer_alive(int peer) {
-  return !same_machine(peer) || process_state(pids_[static_cast<std::size_t>(peer)]) != ProcessState::kGone;
+bool MpiTransport::peer_alive(int peer) { return peer_process(peer) != ProcessState::kGone; }
+
+ProcessState MpiTransport::peer_process(int peer) {
+  return same_machine(peer) ? process_state(pids_[static_cast<std::size_t>(peer)]) : ProcessState::kUnknown;
 }
 
 std::string MpiTransport::describe_peer(int peer) {
@@ -600,7 +588,8 @@ std::string MpiTransport::describe_peer(int peer) {
     case ProcessState::kGone: return detail::concat("its process, pid ", pid, " on this machine, has exited");
     case ProcessState::kStopped:
       return detail::concat("its process, pid ", pid, " on this machine, is stopped: SIGSTOP or a debugger");
-    case ProcessState::kRunning: break;
+    case ProcessState::kRunning:
+    case ProcessState::kUnknown: break;
   }
   return detail::concat("its process, pid ", pid, " on this machine, is running but not in a zcoll call");
 }

@@ -60,6 +60,7 @@ class MpiTransport final : public Transport,
   // PeerMonitor
   bool peer_alive(int peer) override;
   std::string describe_peer(int peer) override;
+  ProcessState peer_process(int peer) override;
   void announce(const PeerStatus& status) override;
   bool next_announcement(PeerStatus& status) override;
   bool shares_clock(int peer) const override { return same_machine(peer); }

@@ -33,6 +33,7 @@ struct Request {
 // Failure detection's view of the wire, for the watchdog (comm/watchdog.h):
 //   peer_alive:        false once the peer's process is known to be gone;
 //   describe_peer:     what is known about the peer's process, for messages ("" if nothing);
+//   peer_process:      the peer's process state where this rank can see it (kUnknown if not);
 //   announce:          `status` to every other rank, without blocking, on a channel of its own;
 //   next_announcement: one announcement received from another rank, if any;
 //   check:             throws when the transport itself has failed (an aborted group);
@@ -44,6 +45,7 @@ class PeerMonitor {
   virtual ~PeerMonitor() = default;
   virtual bool peer_alive(int peer) = 0;
   virtual std::string describe_peer(int) { return ""; }
+  virtual ProcessState peer_process(int) { return ProcessState::kUnknown; }
   virtual void announce(const PeerStatus& status) = 0;
   virtual bool next_announcement(PeerStatus& status) = 0;
   virtual void check() {}

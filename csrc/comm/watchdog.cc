@@ -1,10 +1,17 @@
 #include "comm/watchdog.h"
 
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -70,7 +77,82 @@ std::string peer_reason(const PeerStatus& s) {
 
 std::atomic<int> g_broken_count{0};
 
+// The exit guard's peers (note_exit_peer): pids on this machine; -1 stands for every peer on
+// another machine.
+std::mutex g_exit_mu;
+std::set<std::int64_t>& exit_peers() {
+  static auto* peers = new std::set<std::int64_t>;  // never destroyed: the guard thread outlives statics
+  return *peers;
+}
+
+// The first noted peer that is gone or stopped ("" if none): what MPI_Finalize may wait for forever.
+std::string stuck_on(const std::set<std::int64_t>& peers) {
+  for (const std::int64_t pid : peers) {
+    if (pid < 0) continue;
+    const ProcessState st = process_state(pid);
+    if (st == ProcessState::kGone) return concat("peer process ", pid, " is gone");
+    if (st == ProcessState::kStopped) return concat("peer process ", pid, " is stopped");
+  }
+  return "";
+}
+
+[[noreturn]] void exit_now(const std::string& why, int status) {
+  std::fprintf(stderr, "zcoll: this process, exiting with a broken communicator, %s: exiting with status %d\n",
+               why.c_str(), status);
+  std::fflush(stderr);
+  _exit(status);
+}
+
 }  // namespace
+
+ProcessState process_state(std::int64_t pid) {
+  if (pid <= 0) return ProcessState::kUnknown;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return ProcessState::kGone;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return ProcessState::kRunning;
+  const auto paren = line.rfind(')');
+  const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : 'R';
+  if (state == 'Z' || state == 'X') return ProcessState::kGone;
+  if (state == 'T' || state == 't') return ProcessState::kStopped;
+  return ProcessState::kRunning;
+}
+
+void note_exit_peer(std::int64_t pid) {
+  std::lock_guard<std::mutex> lock(g_exit_mu);
+  exit_peers().insert(pid < 0 ? -1 : pid);
+}
+
+void exit_if_stuck(double seconds, int status, double cap_seconds) {
+  std::set<std::int64_t> peers;
+  {
+    std::lock_guard<std::mutex> lock(g_exit_mu);
+    peers = exit_peers();
+  }
+  const auto to_ns = [](double s) { return static_cast<std::int64_t>(s * 1e9); };
+  std::thread([peers, status, after = to_ns(seconds), cap = to_ns(std::max(seconds, cap_seconds)), seconds,
+               cap_seconds] {
+    const std::int64_t start = coarse_ns();
+    const bool timer_only = peers.empty() || peers.count(-1) > 0;  // a peer whose pid says nothing here
+    std::int64_t stuck_since = 0;  // since when stuck_on() has named a peer (0: it names none)
+    for (;;) {
+      sleep_ns(100'000'000);
+      const std::int64_t now = coarse_ns();
+      const std::string why = timer_only ? "" : stuck_on(peers);
+      stuck_since = why.empty() ? 0 : stuck_since ? stuck_since : now;
+      if (now - start >= cap)
+        exit_now(concat("did not end within ", cap_seconds, " s (its peers still run)"), status);
+      if (now - start < after) continue;
+      if (timer_only)
+        exit_now(concat("did not end within ", seconds, " s (MPI_Finalize waiting for a lost rank? a peer on ",
+                        "another machine cannot be checked)"),
+                 status);
+      if (stuck_since && now - stuck_since >= kExitSettleNs)
+        exit_now(concat("did not end within ", seconds, " s and ", why, " (MPI_Finalize may wait for it forever)"),
+                 status);
+    }
+  }).detach();
+}
 
 int Watchdog::broken_count() { return g_broken_count.load(std::memory_order_relaxed); }
 
@@ -167,6 +249,11 @@ void Watchdog::retire(const std::string& why) {
   broken_.store(true, std::memory_order_release);
 }
 
+std::optional<LastFailure> Watchdog::last_failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_failure_;
+}
+
 std::string Watchdog::broken_reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_reason_;
@@ -242,7 +329,7 @@ Watchdog::Heard Watchdog::collect(const PeerStatus& mine, int lost, const PeerSt
 
 // c. The message: the call, why it failed, who never arrived, what the others were doing.
 std::string Watchdog::describe(FailureReason reason, int peer, const std::string& cause, const PeerStatus& mine,
-                               const Heard& h) const {
+                               const Heard& h, std::vector<int>& alive) const {
   const int p = comm_.size(), me = comm_.rank();
   std::string what = concat("zcoll: ", mine.in_call ? name_ : "no call", " #", seq_, " (", bytes_, " bytes) on rank ",
                             me, " of ", p);
@@ -270,6 +357,10 @@ std::string Watchdog::describe(FailureReason reason, int peer, const std::string
   for (int r = 0; r < p; ++r) {
     if (h.heard[r]) continue;
     const std::string about = h.left[r] ? concat("it left: ", h.status[r].detail) : comm_.monitor().describe_peer(r);
+    if (!h.dead[r] && !h.left[r]) {
+      const ProcessState st = comm_.monitor().peer_process(r);
+      if (st == ProcessState::kRunning || st == ProcessState::kStopped) alive.push_back(r);
+    }
     const std::string state = h.dead[r] ? "lost" + (about.empty() ? "" : ": " + about) : about;
     never += concat(never.empty() ? "" : "; ", "rank ", r, state.empty() ? "" : " (" + state + ")");
   }
@@ -296,7 +387,8 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
   } catch (const std::exception&) {
   }
   const Heard h = collect(mine, lost, trigger);
-  std::string what = describe(reason, trigger ? static_cast<int>(trigger->rank) : peer, cause, mine, h);
+  std::vector<int> alive;
+  std::string what = describe(reason, trigger ? static_cast<int>(trigger->rank) : peer, cause, mine, h, alive);
   std::string dump;
   if (on_failure) {
     try {
@@ -306,12 +398,6 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
   }
   if (!dump.empty()) what += concat(" Flight recorder dump: ", dump, ".");
   // d. broken from now on; one line for launchers; the exception
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_reason_ = what;
-  }
-  broken_.store(true, std::memory_order_release);
-  g_broken_count.fetch_add(1, std::memory_order_relaxed);
   FailureInfo info;
   info.collective = mine.in_call ? name_ : "";
   info.seq = seq_;
@@ -321,6 +407,13 @@ void Watchdog::fail(FailureReason reason, int peer, const std::string& cause, co
     if (!h.heard[r]) info.missing.push_back(r);
     if (h.dead[r]) info.lost.push_back(r);
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_reason_ = what;
+    last_failure_ = LastFailure{info, alive};
+  }
+  broken_.store(true, std::memory_order_release);
+  g_broken_count.fetch_add(1, std::memory_order_relaxed);
   std::fprintf(stderr, "ZCOLL-FAILURE rank=%d size=%d kind=%s collective=%s seq=%llu bytes=%zu missing=%s lost=%s dump=%s\n",
                comm_.rank(), comm_.size(), kind_name(reason), mine.in_call ? name_ : "-",
                static_cast<unsigned long long>(seq_), bytes_, list_text(info.missing).c_str(),

@@ -35,6 +35,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,35 @@
 namespace zcoll {
 
 class Communicator;
+
+// A process on this machine as /proc shows it (kUnknown: on another machine, or no pid known).
+enum class ProcessState { kUnknown, kRunning, kStopped, kGone };
+// kill(pid, 0) says whether the pid exists; /proc says whether it is a zombie (killed, not yet
+// reaped by its launcher) or stopped (state T or t).
+ProcessState process_state(std::int64_t pid);
+
+// The exit guard. A process that exits with a communicator a failure broke may wait forever in
+// MPI_Finalize for a rank that is gone or stopped; one whose peers are merely slower (a loaded
+// machine) must not be killed for it. Every MPI communicator notes its peers here when it is
+// made (their pids on this machine, -1 for a peer on another machine), since MPI_Finalize may
+// wait for any of them, freed communicators' included.
+void note_exit_peer(std::int64_t pid);
+// Starts a thread that ends the process with `status` (_exit, without MPI_Finalize) when, after
+// `seconds`, a noted peer on this machine has been gone or stopped for kExitSettleNs, or some
+// noted peer is on another machine (its pid cannot be checked: the timer alone decides), or no
+// peer was noted; and in any case after `cap_seconds`. While every noted peer runs, it waits.
+void exit_if_stuck(double seconds, int status, double cap_seconds);
+// A peer seen gone or stopped must stay so this long: a peer that finalized and exited a moment
+// ago lets this process's MPI_Finalize return within it.
+constexpr std::int64_t kExitSettleNs = 1'000'000'000;
+
+// What this communicator's last failure told its caller (the TimeoutError's attributes), plus
+// the ranks that never arrived whose process this rank saw on this machine, stopped or running:
+// not failed, so MPI will never hold them failed (zcoll.torch.elastic excludes them instead).
+struct LastFailure {
+  FailureInfo info;
+  std::vector<int> alive;
+};
 
 // Why a rank's call failed (PeerStatus::reason).
 enum class FailureReason : std::int64_t {
@@ -135,6 +165,8 @@ class Watchdog {
   static int broken_count();
   std::string broken_reason() const;
   void throw_if_broken() const;
+  // The failure that broke this communicator (none after leave() or retire(), or before a failure).
+  std::optional<LastFailure> last_failure() const;
 
   // Called with the failure's text just before it is thrown; returns the path of a dump of
   // this rank's state ("" for none). Set by the flight recorder.
@@ -150,8 +182,9 @@ class Watchdog {
   };
   void slow_check();
   Heard collect(const PeerStatus& mine, int lost, const PeerStatus* trigger);
+  // alive: the never-arrived ranks whose process describe_peer saw, stopped or running.
   std::string describe(FailureReason reason, int peer, const std::string& cause, const PeerStatus& mine,
-                       const Heard& heard) const;
+                       const Heard& heard, std::vector<int>& alive) const;
   // peer: the rank found lost (kRankLost) or named by the transport (kTransport); trigger: the
   // announcement that made this rank fail (kPeerFailed).
   [[noreturn]] void fail(FailureReason reason, int peer, const std::string& cause, const PeerStatus* trigger);
@@ -172,9 +205,10 @@ class Watchdog {
   // Failure state, read from other threads.
   std::atomic<bool> abort_requested_{false};
   std::atomic<bool> broken_{false};
-  mutable std::mutex mu_;  // guards the two strings
+  mutable std::mutex mu_;  // guards the two strings and last_failure_
   std::string abort_reason_;
   std::string broken_reason_;
+  std::optional<LastFailure> last_failure_;
 };
 
 }  // namespace zcoll

@@ -32,12 +32,16 @@ _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 # every rank that raised printed a line  ZCOLL-FAILURE rank=R size=P kind=... on stderr) and
 #   1. that ends with an uncaught exception (the failure itself, or DDP's RuntimeError quoting
 #      it): at once, without MPI_Finalize, which would wait for the lost ranks;
-#   2. or that does not end by itself within FAILURE_EXIT_SECONDS of exiting.
+#   2. or that does not end by itself within FAILURE_EXIT_SECONDS of exiting while a peer on this
+#      machine is gone or stopped (MPI_Finalize may wait for it forever; a peer on another machine
+#      cannot be checked, so there the timer alone decides), or within FAILURE_EXIT_CAP_SECONDS
+#      while every peer still runs (slower ones, on a loaded machine, are waited for).
 # 75 is EX_TEMPFAIL ("temporary failure, try again"): for launchers that restart such jobs
 # (mpirun tears the rest of the job down when a process exits non-zero). A process that caught
 # the error and ends normally while every rank is alive keeps its own status.
 FAILURE_EXIT_STATUS = 75
 FAILURE_EXIT_SECONDS = 5.0
+FAILURE_EXIT_CAP_SECONDS = 120.0
 
 
 def _uncaught() -> Optional[BaseException]:
@@ -87,9 +91,9 @@ def _free_all() -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(FAILURE_EXIT_STATUS)
-        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS)
+        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, FAILURE_EXIT_STATUS, FAILURE_EXIT_CAP_SECONDS)
     elif _C.broken_count():  # recovered in place: MPI_Finalize may still wait for the lost ranks
-        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, 0)
+        _C.exit_if_stuck(FAILURE_EXIT_SECONDS, 0, FAILURE_EXIT_CAP_SECONDS)
     for c in list(_live):
         c.free()
 
@@ -129,7 +133,9 @@ def read_probe_bandwidth(path: Any) -> np.ndarray:
     with open(path) as f:
         d = json.load(f)
     if d.get("format") != PROBE_FORMAT:
-        raise ValueError(f"{path}: not a zcoll probe result (format {d.get('format')!r}, expected {PROBE_FORMAT!r})")
+        raise ValueError(
+            f"{path}: not a zcoll probe result (format {d.get('format')!r}, expected {PROBE_FORMAT!r})"
+        )
     return np.array([[np.nan if v is None else v for v in row] for row in d["bandwidth_bytes_per_s"]], float)
 
 

@@ -136,10 +136,18 @@ def _probe(comm: Any, tag: int, status: Any) -> bool:
     return False
 
 
-def _failure(e: BaseException) -> dict:
-    """What a recovery needs of a failure: its text and the ranks it names (named_ranks)."""
+def _failure(e: BaseException, comm: Any = None, known: Optional[dict] = None) -> dict:
+    """What a recovery needs of a failure: its text and the ranks it names. From ``comm._last_failure``
+    (the watchdog's own record of the failure that broke the group's communicator) when ``comm`` has
+    one that is not ``known`` (the failure already being recovered from: a later error, e.g. MPI's
+    during the recovery, is not it); else from the exception (named_ranks, seen_alive)."""
+    last = getattr(comm, "_last_failure", None)
+    source = (id(comm), last["seq"]) if last is not None else None
+    if last is not None and (known is None or known.get("source") != source):
+        return {"text": str(e), "missing": sorted(last["missing"]), "lost": sorted(last["lost"]),
+                "alive": sorted(last["alive"]), "source": source}  # fmt: skip
     missing, lost = named_ranks(e)
-    return {"text": str(e), "missing": missing, "lost": lost, "alive": seen_alive(e)}
+    return {"text": str(e), "missing": missing, "lost": lost, "alive": seen_alive(e), "source": None}
 
 
 def _positive(name: str, v: Any, low: int = 1) -> int:
@@ -256,7 +264,7 @@ class ElasticLoop:
             except Exception as e:  # only a lost rank is recovered; anything else is raised again
                 if not self._lost_rank(e):
                     raise
-                failure = _failure(e)
+                failure = _failure(e, self._communicator())
             else:
                 self.step += 1
                 self._snapshots[self.step] = self._snapshot()
@@ -285,7 +293,7 @@ class ElasticLoop:
             except Exception as e:  # a rank lost while recovering: again, on the ranks left
                 if not self._lost_rank(e) or attempts >= old_world:
                     raise
-                failure = _failure(e)
+                failure = _failure(e, self._communicator(), failure)
         self.recoveries.append(
             {"lost": sorted(lost), "world": (old_world, self.world), "resumed_at": self.step,
              "accumulation": self.accumulation, "attempts": attempts, "how": ",".join(how),
@@ -398,6 +406,10 @@ class ElasticLoop:
             self.accumulation = math.ceil(self.batch / self.world)
         elif self.policy == "lr":
             self.scaling.set_batch(self.world * self.accumulation * self.micro_batch)
+
+    def _communicator(self) -> Optional[Communicator]:
+        """The zcoll communicator of the current group (None for a group of another backend)."""
+        return getattr(self.group, "communicator", None)
 
     @staticmethod
     def _lost_rank(e: BaseException) -> bool:
