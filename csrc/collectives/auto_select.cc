@@ -12,7 +12,8 @@
 //    recursive doubling at 4 KiB. On 3 or more such nodes halving-doubling instead, which sends
 //    each rank's bytes once rather than log p times: simulated at 4 KiB, recursive doubling took
 //    1.16x its time on 256 ranks (2:1 fat tree) and 1.21x on 64 (dragonfly), halving-doubling
-//    1.01-1.03x recursive doubling's on 16 and 64 ranks.
+//    1.01-1.03x recursive doubling's on 16 and 64 ranks. On 3 or more nodes halving-doubling also
+//    above 8 KiB while the message is under hierarchical's latency crossover (below).
 // 3. On 3 or more such nodes, up to ranks x kHierarchicalBytesPerRank: `hierarchical`, for its
 //    latency: 2(N-1) + 2(L-1) steps against the ring's 2(p-1) and no rank sending the whole
 //    message log p times (recursive doubling, MPI's small-message algorithms). Simulated on a
@@ -22,7 +23,16 @@
 //    node-local stages cost more than it saves: 2(L-1)/L S at the node's shared-memory bandwidth
 //    B_node, against the (L-1)/p S less that its inter-node stage puts on a node's link than a
 //    ring in blocked rank order, so on bandwidth it wins only while B_node / B_link > N, the
-//    node count (rule 6 for 2 nodes).
+//    node count (rule 6 for 2 nodes). Its lower bound is the crossover with halving-doubling in
+//    the two-tier model (docs/algorithms.md): hierarchical pays (N-1-log2 N) more inter-node
+//    latencies and (L-1-log2 L) more node-local ones, and saves 2(L-1)(N-1)/N S of a node link's
+//    bytes (halving-doubling's inter-node steps run all L ranks of a node through its link at once),
+//    so it wins from S* = N (N-1-log2 N) alpha_link / ((L-1)(N-1) beta_link), the node-local term
+//    left out (a fraction of alpha_link each). alpha_link / beta_link is
+//    kLinkLatencyBytes: the bytes a link moves in one inter-node hop's latency (100 Gbit/s at
+//    about 1.25 us, a fat tree's mean hop in a ring over the nodes). S* is 10 KiB at 8 nodes of 8,
+//    61 KiB at 32, 276 KiB at 128 (simulated at 1,024 ranks and 64 KiB: hierarchical 1.89x
+//    halving-doubling's time, now halving-doubling).
 // 4. Otherwise, up to 64 KiB, MPI's own allreduce when it is not oversubscribed: MPICH runs
 //    small allreduces on shared-memory collectives that beat any algorithm built on
 //    point-to-point messages (one MPI_Sendrecv of 4 KiB costs more than its whole 4 KiB
@@ -43,6 +53,8 @@
 // the algorithm's descriptor's (algorithm_table.h: shm needs shared memory, mpi a native
 // allreduce, which auto counts only when not oversubscribed, ordered_ring measured links); the
 // rules add only their own conditions (sizes, equal nodes, the ring's gain).
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 
@@ -61,6 +73,7 @@ struct Rule {
   std::size_t max_bytes_per_rank = 0;  // also bytes <= ranks x this; 0: no condition
   int max_nodes = 0;                   // also at most this many nodes (0 nodes: unknown, matches); 0: any
   int min_nodes = 0;                   // also at least this many nodes (0 nodes: unknown, fails); 0: any
+  bool to_crossover = false;           // also matches above max_bytes up to hierarchical_crossover
 };
 
 constexpr std::size_t kAny = std::numeric_limits<std::size_t>::max();
@@ -68,10 +81,21 @@ constexpr int kAnyRanks = std::numeric_limits<int>::max();
 constexpr double kOrderedRingGain = 1.25;
 constexpr int kManyNodes = 3;  // from 3 nodes on, hierarchical only for its latency (rules 3, 6)
 constexpr std::size_t kHierarchicalBytesPerRank = 4 * 1024;
+constexpr double kLinkLatencyBytes = 16 * 1024;  // alpha_link / beta_link, see rule 3
+
+// Rule 3's lower bound: the size from which hierarchical's saved link bytes pay for its extra
+// latency steps against halving-doubling, for `nodes` equal nodes of ranks / nodes; 0 when
+// unknown.
+double hierarchical_crossover(int ranks, int nodes) {
+  if (nodes < 2 || ranks <= nodes) return 0.0;
+  const double N = nodes, L = static_cast<double>(ranks) / nodes;
+  const double extra_steps = std::max(0.0, N - 1 - std::log2(N));
+  return kLinkLatencyBytes * N * extra_steps / ((L - 1) * (N - 1));
+}
 
 constexpr Rule kRules[] = {
     {kAnyRanks, kAny, false, 0.0, Algorithm::kShm},
-    {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kHalvingDoubling, 0, 0, kManyNodes},
+    {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kHalvingDoubling, 0, 0, kManyNodes, true},
     {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kRecursiveDoubling},
     {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical, kHierarchicalBytesPerRank, 0, kManyNodes},
     {kAnyRanks, 64 * 1024, false, 0.0, Algorithm::kMpi},
@@ -83,7 +107,9 @@ constexpr Rule kRules[] = {
 
 bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities& caps, unsigned offered) {
   const unsigned needs = allreduce_algorithm(rule.algorithm).needs;
-  return ranks <= rule.max_ranks && bytes <= rule.max_bytes && (needs & ~offered) == 0 &&
+  const bool size_ok = bytes <= rule.max_bytes ||
+                       (rule.to_crossover && static_cast<double>(bytes) < hierarchical_crossover(ranks, caps.nodes));
+  return ranks <= rule.max_ranks && size_ok && (needs & ~offered) == 0 &&
          (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
          caps.ordered_ring_gain >= rule.min_ordered_ring_gain &&
          (rule.max_bytes_per_rank == 0 || bytes <= rule.max_bytes_per_rank * static_cast<std::size_t>(ranks)) &&

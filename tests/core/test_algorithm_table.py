@@ -172,11 +172,18 @@ def test_the_formula_reader():
     assert evaluate("2 log2 p' alpha + fold", v) == 2 * 2 + (2 + 2000 + 1000)
 
 
+def hierarchical_crossover(ranks: int, nodes: int) -> float:
+    """Rule 3's lower bound as docs/algorithms.md derives it from the two-tier model:
+    N (N-1-log2 N) alpha_link / ((L-1)(N-1) beta_link), alpha_link / beta_link = 16 KiB."""
+    n, per = nodes, ranks / nodes
+    return 16384 * n * (n - 1 - math.log2(n)) / ((per - 1) * (n - 1))
+
+
 def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
-    """auto's rules 3 and 6 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an
+    """auto's rules 2, 3 and 6 (auto_select.cc, docs/algorithms.md): on at most 2 nodes (or an
     unknown count) recursive doubling up to 8 KiB and hierarchical above, at every size; on more,
-    halving-doubling up to 8 KiB, hierarchical up to ranks x 4 KiB (before MPI's own), the ring
-    above."""
+    halving-doubling up to 8 KiB or hierarchical's crossover with it, whichever is larger,
+    hierarchical from there up to ranks x 4 KiB (before MPI's own), the ring above."""
 
     def pick(nbytes, ranks, nodes):
         return zcoll.choose_algorithm(nbytes, ranks, shared_memory=False, node_hierarchy=True, nodes=nodes)
@@ -186,10 +193,21 @@ def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
         assert pick(4096, 8 if nodes else 4, nodes) == "recursive_doubling"
     for ranks, nodes in ((64, 8), (256, 32), (1024, 128)):
         limit = ranks * 4096
+        cross = hierarchical_crossover(ranks, nodes)
         assert pick(limit, ranks, nodes) == "hierarchical", (ranks, nodes)
         assert pick(limit + 4, ranks, nodes) == "ring", (ranks, nodes)
         assert pick(4096, ranks, nodes) == "halving_doubling", (ranks, nodes)
-        assert pick(16384, ranks, nodes) == "hierarchical", "not MPI's: its edge is a one-node one"
+        assert pick(math.ceil(cross) + 4, ranks, nodes) == "hierarchical", (
+            "not MPI's: its edge is a one-node one"
+        )
+        if cross > 8192:
+            assert pick(math.floor(cross) - 4, ranks, nodes) == "halving_doubling", (ranks, nodes)
+    # the simulated cells (docs/scale.md): hierarchical fastest at 16 KiB on 64 ranks and 64 KiB on
+    # 256, halving-doubling at 64 KiB on 1,024 (hierarchical 1.89x its time)
+    assert pick(16384, 64, 8) == "hierarchical"
+    assert pick(65536, 256, 32) == "hierarchical"
+    assert pick(65536, 1024, 128) == "halving_doubling"
+    assert pick(1 << 20, 1024, 128) == "hierarchical"
     # a measured ring order still beats rank order's ring where hierarchical does not apply
     many = zcoll.choose_algorithm(
         16 << 20, 64, shared_memory=False, node_hierarchy=True, nodes=8, ordered_ring_gain=4.0
