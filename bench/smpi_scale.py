@@ -377,6 +377,137 @@ def model_us(algorithm: str, size: int, ranks: int, platform: str, per_node: int
     return 1e6 * fn(size, ranks, alpha, 1 / LINK_BPS, 1 / REDUCE_BPS, nodes=max(ranks // per_node, 1))
 
 
+# The two-tier cost model (docs/algorithms.md, "Across nodes"): the table's formulas with each
+# step's alpha and beta taken from the tier its messages cross, and beta multiplied by the step's
+# contention: how many of the step's concurrent flows share the busiest link of a flow's route
+# (8 ranks of a node share its link; a 2:1 leaf's nodes share its 2 uplinks). Everything comes
+# from the platform's description (PLATFORM below); nothing is fitted to the simulated times.
+# Per platform: nodes per leaf or router, per chassis, per group, and the links out of each
+# (fat tree: a leaf's uplinks, shared by all its nodes; dragonfly: links between two routers,
+# chassis, groups), and the slow node or link of the star platforms.
+PLATFORM = {
+    "fattree": {"levels": [(4, 4, "up")]},
+    "fattree_2to1": {"levels": [(4, 2, "up")]},
+    # dragonfly: 1 link between two routers of a chassis; between two chassis of a group 2 links
+    # from each of their 4 routers (to the router of the same index), so 8; between groups 2
+    "dragonfly": {"levels": [(2, 1, "pair"), (8, 8, "pair"), (32, 2, "pair")]},
+    "star": {"levels": []},
+    "star_slow_node": {"levels": [], "slow_node": 1},
+    "star_slow_link": {"levels": [], "slow_link": (1, 2)},
+}
+
+
+def route(platform: str, a: int, b: int):
+    """Node a -> node b: (latency in seconds, [(link, share of one flow, slowness)])."""
+    desc = PLATFORM[platform]
+    slow = SLOW if desc.get("slow_node") in (a, b) else 1.0
+    links = [(("up", a), 1.0, slow), (("down", b), 1.0, slow)]
+    hops = 2
+    for size, count, kind in desc["levels"]:
+        if a // size == b // size:
+            break
+        hops += 1 if kind == "pair" else 2
+        if kind == "up":
+            links += [(("leaf-up", a // size), 1 / count, 1.0), (("leaf-down", b // size), 1 / count, 1.0)]
+        else:
+            links = [l for l in links if l[0][0] in ("up", "down")]
+            links.append((("pair", size, a // size, b // size), 1 / count, 1.0))
+    if desc.get("slow_link") == (a, b):
+        links.append((("slow", a, b), 1.0, SLOW))
+    return hops * LINK_LAT, links
+
+
+def flow_times(platform: str, pairs, per_node: int, msg: float) -> list:
+    """Every (src, dst) rank pair sends msg bytes at once: per flow, (latency, msg x beta x the
+    load of the busiest link on its route); pairs on one node go through its loopback."""
+    load, flows, out = {}, [], []
+    for s, d in pairs:
+        a, b = s // per_node, d // per_node
+        if a == b:
+            out.append((LOOP_LAT, msg / LOOP_BPS))
+            continue
+        lat, links = route(platform, a, b)
+        flows.append((lat, links))
+        for link, share, _ in links:
+            load[link] = load.get(link, 0.0) + share
+    for lat, links in flows:
+        out.append((lat, msg / LINK_BPS * max(load[l] * slow for l, _, slow in links)))
+    return out
+
+
+def step_time(platform: str, pairs, per_node: int, msg: float) -> float:
+    """A step ends with its slowest flow."""
+    return max((lat + bw for lat, bw in flow_times(platform, pairs, per_node, msg)), default=0.0)
+
+
+def reduce_time(platform: str, nodes: int, nbytes: float) -> float:
+    """nbytes reduced on every rank at once: the slowest node's time."""
+    slow = SLOW if PLATFORM[platform].get("slow_node", nodes) < nodes else 1.0
+    return nbytes * slow / REDUCE_BPS
+
+
+def ring_time(platform: str, lanes: list, per_node: int, size: float) -> float:
+    """One ring per lane (list of ranks), all at once, 2(p-1) steps of S/p: the latency of the
+    mean hop (a step waits only for its predecessor on the chain, and most hops stay on a node),
+    the bandwidth of the slowest hop under the load of every lane, the reductions added."""
+    p = len(lanes[0])
+    flows = flow_times(
+        platform, [(lane[i], lane[(i + 1) % p]) for lane in lanes for i in range(p)], per_node, size / p
+    )
+    mean_lat = sum(lat for lat, _ in flows) / len(flows)
+    return 2 * (p - 1) * (mean_lat + max(bw for _, bw in flows)) + reduce_time(
+        platform, NODES, (p - 1) / p * size
+    )
+
+
+def tree_time(platform: str, ranks: int, per_node: int, size: float) -> float:
+    """Reduce up the binary tree, then broadcast down, each pipelined in segments: the first
+    segment crosses the levels one at a time (only that level's edges load the links), the
+    other nseg - 1 follow at the rate of a step with every edge busy."""
+    seg = 128 * 1024
+    m, nseg = min(size, seg), max(1, math.ceil(size / seg))
+    up = [(c, (c - 1) // 2) for c in range(1, ranks)]
+    levels = {}
+    for c, parent in up:
+        levels.setdefault(int(math.log2(c + 1)), []).append((c, parent))
+    total = 0.0
+    for edges, reduce in ((up, True), ([(b, a) for a, b in up], False)):
+        red = reduce_time(platform, NODES, 2 * m) if reduce else 0.0
+        fill = sum(
+            step_time(platform, [e if reduce else e[::-1] for e in lv], per_node, m) + red
+            for lv in levels.values()
+        )
+        total += fill + (nseg - 1) * (step_time(platform, edges, per_node, m) + red)
+    return total
+
+
+def model2_us(algorithm: str, size: int, ranks: int, platform: str, per_node: int) -> float:
+    """The two-tier model's time of one allreduce (powers of two: the simulated cells)."""
+    nodes = max(ranks // per_node, 1)
+    steps = int(math.log2(ranks))
+    xor = lambda k: [(r, r ^ (1 << k)) for r in range(ranks)]  # noqa: E731
+    if algorithm in ("ring", "ordered_ring"):
+        t = ring_time(platform, [list(range(ranks))], per_node, size)
+    elif algorithm == "recursive_doubling":
+        t = sum(step_time(platform, xor(k), per_node, size) for k in range(steps))
+        t += steps * reduce_time(platform, nodes, size)
+    elif algorithm == "halving_doubling":
+        halves = [(xor(steps - 1 - k), size / 2 ** (k + 1)) for k in range(steps)]
+        t = 2 * sum(step_time(platform, pairs, per_node, m) for pairs, m in halves)
+        t += reduce_time(platform, nodes, (ranks - 1) / ranks * size)
+    elif algorithm == "tree":
+        t = tree_time(platform, ranks, per_node, size)
+    elif algorithm == "hierarchical":
+        L = ranks // nodes
+        t = ring_time(platform, [list(range(L))], per_node, size) if L > 1 else 0.0
+        lanes = [[n * L + i for n in range(nodes)] for i in range(L)]
+        if nodes > 1:
+            t += ring_time(platform, lanes, per_node, size / L)
+    else:
+        raise ValueError(algorithm)
+    return 1e6 * t
+
+
 def auto_rows(table: dict, per_node: int) -> list:
     """One row per cell: best algorithm, auto's choice, auto's time over the best."""
     out = []
@@ -397,20 +528,21 @@ def auto_rows(table: dict, per_node: int) -> list:
 
 
 def model_rows(table: dict, per_node: int) -> list:
-    """Per platform, scale and algorithm: the median and the largest |model - simulated| /
-    simulated over the sizes, and the model's ratio at the largest size."""
+    """Per platform, scale and algorithm: the median |model - simulated| / simulated over the
+    sizes, the worst, and the error at the largest size, for the table's one-tier formulas
+    (model_us) and the two-tier model (model2_us)."""
     out = []
     for (platform, ranks), cell in sorted(table.items()):
         for algo in ALGORITHMS:
             if algo not in cell or algo == "ordered_ring":
                 continue
-            errs = [
-                (model_us(algo, s, ranks, platform, per_node) - t) / t for s, t in sorted(cell[algo].items())
-            ]
-            if errs:
-                out.append(
-                    (platform, ranks, algo, float(np.median(np.abs(errs))), max(errs, key=abs), errs[-1])
-                )
+            row = [platform, ranks, algo]
+            for model in (model_us, model2_us):
+                errs = [
+                    (model(algo, s, ranks, platform, per_node) - t) / t for s, t in sorted(cell[algo].items())
+                ]
+                row += [float(np.median(np.abs(errs))), max(errs, key=abs), errs[-1]]
+            out.append(tuple(row))
     return out
 
 
@@ -475,10 +607,19 @@ def report(args) -> None:
     ok = [r for r in rows if r[6] <= 1.1]
     print(f"\nauto within 10% of the best in {len(ok)} of {len(rows)} cells")
     print("\n### cost formulas against simulated time: (model - simulated) / simulated\n")
-    print("| platform | ranks | algorithm | median abs error | worst error | error at largest size |")
-    print("|---|---|---|---|---|---|")
-    for platform, ranks, algo, med, worst, last in model_rows(table, args.per_node):
-        print(f"| {platform} | {ranks} | {algo} | {med:.0%} | {worst:+.0%} | {last:+.0%} |")
+    print(
+        "| platform | ranks | algorithm | one-tier median abs | worst | at largest | two-tier median abs | worst | at largest |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = model_rows(table, args.per_node)
+    for platform, ranks, algo, *e in rows:
+        print(
+            f"| {platform} | {ranks} | {algo} | {e[0]:.0%} | {e[1]:+.0%} | {e[2]:+.0%} | {e[3]:.0%} | {e[4]:+.0%} | {e[5]:+.0%} |"
+        )
+    for name, k in (("one-tier", 0), ("two-tier", 3)):
+        print(
+            f"\n{name}: median over the rows of the median abs error {np.median([r[3 + k] for r in rows]):.0%}"
+        )
     print("\n### hierarchical / ring time, and compressed rings by their bytes (speed-up over ring)\n")
     print("| platform | ranks | size | hierarchical / ring | fp16 | int8 | int4 |")
     print("|---|---|---|---|---|---|---|")
