@@ -50,3 +50,22 @@ def test_quick_simulation_of_64_ranks(smpi_binary):
     assert "64 ranks simulated" in out, out
     for algorithm in ("ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"):
         assert algorithm in out, out
+
+
+def test_report_two_tier_model_against_recorded_simulations(tmp_path):
+    """--report on the recorded sweep (docs/scale.csv): the two-tier cost model (per-tier alpha
+    and beta, contention counted from the platform's routes) must stay within a median 10% of
+    the simulated times, and below the one-tier formulas' error; auto's table must be there."""
+    rc, out = run(
+        [sys.executable, SCRIPT, "--report", "--plots", tmp_path, "--csv", ROOT / "docs" / "scale.csv"],
+        timeout=300,
+    )
+    assert rc == 0, out
+    medians = {}
+    for line in out.splitlines():
+        if line.startswith(("one-tier:", "two-tier:")):
+            medians[line.split(":")[0]] = float(line.rsplit(" ", 1)[1].rstrip("%"))
+    assert set(medians) == {"one-tier", "two-tier"}, out
+    assert medians["two-tier"] <= 10, out
+    assert medians["two-tier"] < medians["one-tier"] / 4, out
+    assert "auto within 10% of the best in" in out, out
