@@ -67,6 +67,11 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
       .def_property_readonly(
           "local_size", [](CommHandle& c) { return c.comm().local_ranks().size(); },
           "Ranks on this rank's node (shared memory; ZCOLL_NODE_ID splits one machine into nodes).")
+      .def_property_readonly(
+          "shm_unavailable", [](CommHandle& c) { return c.comm().shm_unavailable_reason(); },
+          "Why this communicator has no shared-memory arena (algorithm 'shm', the hierarchical node step) even "
+          "where its ranks share a node: 'ZCOLL_SHM=0', or MPI holds them in more than one shared-memory domain; "
+          "'' when it may have one.")
       .def_property_readonly("node_count", [](CommHandle& c) { return c.comm().node_count(); },
                              "Nodes the ranks are on.")
       .def("node_of", [](CommHandle& c, int rank) { return c.comm().node_of(rank); }, py::arg("rank"),

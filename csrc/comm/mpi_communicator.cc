@@ -253,6 +253,8 @@ MpiTransport::MpiTransport(MPI_Comm parent) {
   ZCOLL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
   int mpi_node = rank_;  // MPI's node, named by its lowest rank
   ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &mpi_node, 1, MPI_INT, MPI_MIN, shared));
+  int mpi_node_size = 0;
+  ZCOLL_MPI_CHECK(MPI_Comm_size(shared, &mpi_node_size));
   ZCOLL_MPI_CHECK(MPI_Comm_free(&shared));
   Placement placement = locate_ranks(comm_, rank_, mpi_node);
   node_labels_ = std::move(placement.node_labels);
@@ -261,6 +263,17 @@ MpiTransport::MpiTransport(MPI_Comm parent) {
   oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
   shm_allowed_ = env::get_bool(env::Var::kShm);
+  // MPI_Win_allocate_shared needs every rank in MPI's own shared-memory domain; ZCOLL_NODE_ID can
+  // group ranks MPI holds apart (MPICH's MPIR_CVAR_NOLOCAL, separate hosts to the launcher), and
+  // the window would then fail at the first call: no arena instead (every rank agrees: one rank
+  // sees all size_ ranks in its domain only if every rank does).
+  if (!shm_allowed_) {
+    shm_unavailable_ = "ZCOLL_SHM=0";
+  } else if (mpi_node_size != size_) {
+    shm_allowed_ = false;
+    shm_unavailable_ = detail::concat("MPI puts these ", size_, " ranks in more than one shared-memory domain (",
+                                      mpi_node_size, " in this rank's), so MPI_Win_allocate_shared cannot span them");
+  }
   // Failure detection (the watchdog): an announcement channel and every rank's pid and machine.
   ZCOLL_MPI_CHECK(MPI_Comm_dup(comm_, &oob_));
   ZCOLL_MPI_CHECK(MPI_Comm_set_errhandler(oob_, MPI_ERRORS_RETURN));

@@ -88,6 +88,7 @@ class MpiTransport final : public Transport,
   MPI_Comm shrink_comm() const { return ft_; }
   WaitPolicy wait_policy() const { return wait_policy_; }
   int machine_ranks() const { return machine_ranks_; }
+  const std::string& shm_unavailable_reason() const { return shm_unavailable_; }
   void free();  // MpiCommunicator::free()
 
  private:
@@ -106,6 +107,7 @@ class MpiTransport final : public Transport,
   WaitPolicy wait_policy_ = WaitPolicy::kSpin;
   bool oversubscribed_ = false;
   bool shm_allowed_ = true;
+  std::string shm_unavailable_;  // why there is no shared arena ("" when ZCOLL_SHM allows one)
   std::vector<int> node_labels_;
   std::vector<int> world_ranks_;  // every rank's rank in MPI_COMM_WORLD (a probe's matrix index)
   std::string id_;
@@ -127,6 +129,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm shrink_comm() const { return mpi_.shrink_comm(); }
   WaitPolicy wait_policy() const { return mpi_.wait_policy(); }
   int machine_ranks() const { return mpi_.machine_ranks(); }  // ranks on this machine (one kernel), any node
+  // Why this communicator has no shared arena even where its ranks share a node ("" if it may).
+  const std::string& shm_unavailable_reason() const { return mpi_.shm_unavailable_reason(); }
   // Releases the MPI communicator and the shared window (collective: every rank calls it).
   // Idempotent. The destructor never does this (see mpi_communicator.cc). On a broken
   // communicator it releases nothing through MPI (the peers it would synchronise with may be
