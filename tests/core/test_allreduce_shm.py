@@ -9,7 +9,12 @@ import pytest
 from mpi_util import case_names, script_job
 
 SCRIPT = "mpi/allreduce_shm.py"
-MIN_CHECKS = {"exact_against_numpy": 34, "single_copy_ran": 2, "sizes_around_the_threshold": 10}
+MIN_CHECKS = {
+    "exact_against_numpy": 34,
+    "single_copy_ran": 2,
+    "sizes_around_the_threshold": 10,
+    "streamed_results": 10,
+}
 
 
 @pytest.mark.parametrize("case", case_names(SCRIPT))

@@ -8,7 +8,9 @@ Inputs are exact in every order (integers wrap; floating sums of small integers 
 two; products of powers of two; min/max of distinct values), so results are compared bit for
 bit with numpy's reduction; every rank must end with the same bits. Counts: the smallest prime
 at or above 256 KiB of the dtype (odd: not divisible by 2 or 4 ranks) and one of about 4 MiB
-(many pieces per rank's share), in place, into `out`, and into a new array.
+(many pieces per rank's share), in place, into `out`, and into a new array; calls from 8 MiB,
+whose results are written with non-temporal stores, also into an `out` that is not 16-byte
+aligned.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from numerics import (
 comm = zcoll.Communicator()
 P, RANK = WORLD.size, WORLD.rank
 THRESHOLD = 1024 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
+STREAM = 8 * 1024 * 1024  # from here the results are stored non-temporally (kStreamBytes)
 CASES = [
     ("float32", "sum"),
     ("float32", "avg"),
@@ -107,6 +110,29 @@ def single_copy_expected() -> bool:
             return int(f.read()) == 0
     except OSError:
         return True  # no Yama
+
+
+def case_streamed_results(ck: Checks):
+    """Calls from 8 MiB: odd counts (a ragged tail), and `out` 4 bytes off a 16-byte boundary
+    (the non-temporal stores need an aligned head copied first)."""
+    for n, (dtype, op) in enumerate(
+        [("float32", "sum"), ("float32", "avg"), ("float64", "sum"), ("int8", "sum")]
+    ):
+        count = next_prime(STREAM // storage_dtype(dtype).itemsize + 3)
+        check_call(ck, dtype, op, count, ["in-place", "out", "new"][n % 3], "shm")
+    x = exact_input("float32", "sum", STREAM // 4 + 5, RANK)
+    want = reduce_all([exact_input("float32", "sum", x.size, r) for r in range(P)], "float32", "sum")
+    raw = np.full(x.nbytes + 16, 0x5A, np.uint8)
+    start = 4 + (-raw.ctypes.data) % 16
+    out = raw[start : start + x.nbytes].view(np.float32)
+    got = comm.allreduce(x, algorithm="shm", out=out)
+    ok = equal_bits(got, want, "float32")
+    ck.check(
+        got is out and ok.all(), "float32 sum, unaligned out", describe_mismatch(got, want, "float32", ok)
+    )
+    ck.check(
+        raw[:start].tolist() == [0x5A] * start and (raw[start + x.nbytes :] == 0x5A).all(), "out's neighbours"
+    )
 
 
 def case_single_copy_ran(ck: Checks):
