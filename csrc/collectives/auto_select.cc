@@ -25,14 +25,16 @@
 //    ring in blocked rank order, so on bandwidth it wins only while B_node / B_link > N, the
 //    node count (rule 6 for 2 nodes). Its lower bound is the crossover with halving-doubling in
 //    the two-tier model (docs/algorithms.md): hierarchical pays (N-1-log2 N) more inter-node
-//    latencies and (L-1-log2 L) more node-local ones, and saves 2(L-1)(N-1)/N S of a node link's
-//    bytes (halving-doubling's inter-node steps run all L ranks of a node through its link at once),
-//    so it wins from S* = N (N-1-log2 N) alpha_link / ((L-1)(N-1) beta_link), the node-local term
-//    left out (a fraction of alpha_link each). alpha_link / beta_link is
-//    kLinkLatencyBytes: the bytes a link moves in one inter-node hop's latency (100 Gbit/s at
-//    about 1.25 us, a fat tree's mean hop in a ring over the nodes). S* is 10 KiB at 8 nodes of 8,
-//    61 KiB at 32, 276 KiB at 128 (simulated at 1,024 ranks and 64 KiB: hierarchical 1.89x
-//    halving-doubling's time, now halving-doubling).
+//    latencies (the node-local ones left out: a fraction of alpha_link each) and saves
+//    2(L-1)(N-1)/N S of a node link's bytes (halving-doubling's inter-node steps run all L ranks
+//    of a node through its link at once), so it wins from S* = N (N-1-log2 N) alpha_link /
+//    ((L-1)(N-1) beta_link). kLinkLatencyBytes stands for alpha_link / beta_link: 16 KiB (100
+//    Gbit/s at about 1.25 us, a fat tree's mean hop in a ring over the nodes) halved, since on a
+//    2:1 oversubscribed fabric halving-doubling's long-distance steps load the uplinks twice and
+//    the crossover halves; on a full-bisection one that errs towards hierarchical, whose loss
+//    below the crossover is bounded by its latency. S* is 5 KiB at 8 nodes of 8, 31 KiB at 32,
+//    138 KiB at 128 (simulated at 1,024 ranks on the 2:1 tree: 64 KiB hierarchical 1.89x
+//    halving-doubling's time, now halving-doubling; 256 KiB halving-doubling 1.54x hierarchical's).
 // 4. Otherwise, up to 64 KiB, MPI's own allreduce when it is not oversubscribed: MPICH runs
 //    small allreduces on shared-memory collectives that beat any algorithm built on
 //    point-to-point messages (one MPI_Sendrecv of 4 KiB costs more than its whole 4 KiB
@@ -81,7 +83,7 @@ constexpr int kAnyRanks = std::numeric_limits<int>::max();
 constexpr double kOrderedRingGain = 1.25;
 constexpr int kManyNodes = 3;  // from 3 nodes on, hierarchical only for its latency (rules 3, 6)
 constexpr std::size_t kHierarchicalBytesPerRank = 4 * 1024;
-constexpr double kLinkLatencyBytes = 16 * 1024;  // alpha_link / beta_link, see rule 3
+constexpr double kLinkLatencyBytes = 8 * 1024;  // alpha_link / beta_link on a 2:1 fabric, see rule 3
 
 // Rule 3's lower bound: the size from which hierarchical's saved link bytes pay for its extra
 // latency steps against halving-doubling, for `nodes` equal nodes of ranks / nodes; 0 when
