@@ -25,8 +25,7 @@ that differ; top-k: the pairs against a kernel selection of each segment); 3. ti
 each runs every way once in a shuffled order (so a noisy neighbour slows all of them alike), a
 way's sample = wall time of enough back-to-back calls to last --min-ms; a row reports the median
 round and the spread (interquartile range / median, the larger of kernel and public).
-public/kernel is the ratio of the medians (--stat min: of the fastest rounds, for a loaded
-machine). Progress goes to stderr.
+public/kernel is the ratio of the medians. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -63,13 +62,6 @@ def options() -> argparse.Namespace:
     p.add_argument("-r", "--repeats", type=int, default=11, help="timing rounds; the median is reported (11)")
     p.add_argument(
         "--min-ms", type=float, default=5.0, help="each sample repeats calls to last this long (5)"
-    )
-    p.add_argument(
-        "--stat",
-        choices=("median", "min"),
-        default="median",
-        help="statistic of the rounds per way (median); min: the fastest round, for a loaded machine "
-        "(with a small --min-ms, most rounds then run without being preempted)",
     )
     p.add_argument("--ef", action="store_true", help="also int8 with error feedback (a key: quantize_ef)")
     p.add_argument("--seed", type=int, default=1, help="data seed (1)")
@@ -250,8 +242,8 @@ def spread(samples: list) -> float:
     return (q[2] - q[0]) / q[1]
 
 
-def summarise(size: int, row: Row, copy_s: float, stat) -> dict:
-    rate = {w: size / stat(v) / 1e9 for w, v in row.samples.items()}
+def summarise(size: int, row: Row, copy_s: float) -> dict:
+    rate = {w: size / statistics.median(v) / 1e9 for w, v in row.samples.items()}
     out = {
         "size": size,
         "op": row.name,
@@ -303,19 +295,18 @@ def main() -> int:
     random.seed(o.seed)
     print(
         f"# zcoll {zcoll.__version__}, SIMD {_C.simd_level()}; "
-        f"GB/s of float32 input; {o.stat} of {o.repeats} rounds, each >= {o.min_ms} ms per way"
+        f"GB/s of float32 input; median of {o.repeats} rounds, each >= {o.min_ms} ms per way"
     )
     print("".join(f"{h:>{w}}" for h, w in COLUMNS))
-    stat = statistics.median if o.stat == "median" else min
     rows, wrong = [], 0
     for size in o.sizes:
         x = data(size // 4, o.seed)
         dst = np.empty_like(x)
         ops = int8_rows(x, o.ef) + topk_rows(x, o.seed)
         copies = measure(ops, lambda d=dst, s=x: np.copyto(d, s), o.repeats, o.min_ms / 1e3, size_name(size))
-        copy_s = stat(copies)
+        copy_s = statistics.median(copies)
         for r in ops:
-            row = summarise(size, r, copy_s, stat)
+            row = summarise(size, r, copy_s)
             row["size"] = size_name(size)
             rows.append(row)
             wrong += r.wrong

@@ -245,15 +245,7 @@ std::size_t sparse_k(std::size_t count, double ratio) {
 std::size_t topk_segments(std::size_t count, bool exact) {
   if (exact) return 1;
   const std::size_t most = std::max<std::size_t>(8, count >> 20);  // 8, or segments of ~4 MiB
-  if (count >= (std::size_t{1} << 22)) return std::clamp<std::size_t>(count >> 14, 1, most);
-  // Below 16 MiB: 2^floor(log2(count / 2^16) / 2), about sqrt(count / 2^16). A small segment's
-  // sample places its threshold poorly (about 3x its k candidates at 32 K elements against 1.6x
-  // for one selection of 256 K): eight segments of 1 MiB cost 1.4x one selection, more than the
-  // 1% of a few MiB takes on the wire to hide behind. S divides 8, so each segment is a union of
-  // the eight above: its top-k keeps no less than theirs (up to the rounding of k_j).
-  std::size_t s = 1;
-  while (4 * s * s <= (count >> 16)) s *= 2;
-  return s;
+  return std::clamp<std::size_t>(count >> 14, 1, most);            // each at least 64 KiB
 }
 
 void validate(const CompressionOptions& o, DType dtype, std::size_t count) {

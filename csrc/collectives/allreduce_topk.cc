@@ -2,9 +2,9 @@
 //
 // Purpose:  send each rank's largest-magnitude elements. Top-k payloads cannot be summed by a
 //           plain allreduce (indices differ per rank), so every rank gets every rank's pairs.
-// Segments: S = topk_segments(count, exact) near-equal segments (compression.h: one below 1 MiB
-//           of float32 and for exact top-k, 2 from 1 MiB, 4 from 4 MiB, 8 from 16 to 32 MiB,
-//           ~4 MiB each beyond). Segment j keeps exactly k_j = sparse_k(len_j, ratio) pairs, so every
+// Segments: S = topk_segments(count, exact) near-equal segments (compression.h: 8 from 512 KiB
+//           to 32 MiB of float32, ~4 MiB each beyond, >= 64 KiB each; one for exact top-k and
+//           below 128 KiB). Segment j keeps exactly k_j = sparse_k(len_j, ratio) pairs, so every
 //           message size is known on every rank in advance: no header round, no receive of
 //           unknown length. pairs = [rank 0: [idx k_0][val k_0] [idx k_1][val k_1] ...][rank 1 ...]
 // Phases:   one engine schedule (TopkExchange below): message (j, d) carries segment j's pairs

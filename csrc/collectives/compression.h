@@ -117,10 +117,9 @@ void validate(const CompressionOptions& options, DType dtype, std::size_t count)
 // k of top-k / random-k: round(ratio * count), at least 1, at most count.
 std::size_t sparse_k(std::size_t count, double ratio);
 
-// Segments of the blockwise top-k, 1 when exact: below 2^22 elements (16 MiB of float32)
-// S = 2^floor(log2(count / 2^16) / 2), about sqrt(count / 2^16): 1 below 2^18 elements (1 MiB),
-// 2 from 1 MiB, 4 from 4 MiB; from 2^22 on S = clamp(floor(count / 2^14), 1, max(8, floor(count /
-// 2^20))): 8 up to 32 MiB, about 2^20 elements (4 MiB) each beyond.
+// Segments of the blockwise top-k: S = clamp(floor(count / 2^14), 1, max(8, floor(count / 2^20))),
+// 1 when exact: segments of at least 2^14 elements (64 KiB of float32), 8 of them from 128K to 8M
+// elements (512 KiB to 32 MiB), about 2^20 elements (4 MiB) each beyond; one below 2^15 elements.
 // Segment j = [count j / S, count (j+1) / S) keeps k_j = sparse_k(len_j, ratio) pairs. A function
 // of count alone (not of the pipeline's max_segment_bytes), so Python's compress(), every rank
 // and every transport setting select the same pairs.

@@ -299,14 +299,13 @@ class GradientQuantizer(Compressor):
 
 
 class TopK(Compressor):
-    """Blockwise top-k: the tensor is cut into ``_C.topk_segments(n)`` near-equal segments (one
-    below 1 MiB of float32, 2 from 1 MiB, 4 from 4 MiB, 8 from 16 to 32 MiB, about 4 MiB each
-    beyond) and each keeps its k_j = round(ratio * len_j) (at least 1) elements of largest
-    magnitude, as in several DGC implementations. Fixed per-segment counts let the allreduce send
-    a segment while it selects the next, so the selection hides behind the transfer; small
-    tensors get few segments because a small segment's selection costs more per element (its
-    sample places the threshold less well). This is not the global top-k: a segment full of
-    large values keeps only its k_j of them (error feedback sends the rest later).
+    """Blockwise top-k: the tensor is cut into ``_C.topk_segments(n)`` near-equal segments (8 up
+    to 32 MiB of float32, about 4 MiB each beyond, at least 64 KiB each; one below 128 KiB) and
+    each keeps its k_j = round(ratio * len_j) (at least 1) elements of largest magnitude, as in
+    several DGC implementations. Fixed per-segment counts let the allreduce send a segment while
+    it selects the next, so the selection hides behind the transfer. This is not the global
+    top-k: a segment full of large values keeps only its k_j of them (error feedback sends the
+    rest later).
 
     exact=True: the global top-k, k = round(ratio * n) over the whole tensor (one segment); the
     allreduce then selects everything before it sends (slower on a slow link).
