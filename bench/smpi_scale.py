@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -47,6 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PLATFORM_DIR = Path(__file__).resolve().parent / "smpi_platforms"
 ALGORITHMS = ["ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical", "ordered_ring"]
 QUICK = ALGORITHMS[:5]  # the CI smoke test: no probe file
+# Run with ZCOLL_TOPOLOGY (a probe.json of the platform's nominal rates), each in its own smpirun:
+# ordered_ring needs it; "auto" is algorithm="auto" resolved inside the simulation, from the
+# capabilities the communicator found there (its nodes, the probe's ring gain and node/link ratio)
+PROBED = ("ordered_ring", "auto")
+AUTO_MPI = "mpich"  # MPI_Allreduce in auto's runs: the selector auto_time counts as "mpi"
+# Up to rule 4's 64 KiB auto's choice depends on MPI's own allreduce being offered, which the
+# simulation withholds: its communicator counts this host's cores, so 8 simulated ranks per node
+# are oversubscribed. There the table times the choice for a real cluster, not the simulated row.
+SIM_AUTO_ABOVE = 64 * 1024
 SELECTORS = ["mpich", "ompi", "default"]
 CLUSTERS = ["fattree", "fattree_2to1", "dragonfly"]
 STARS = ["star_slow_node", "star_slow_link"]
@@ -131,10 +141,10 @@ def hostfile_lines(nodes: int, per_node: int) -> str:
     return "".join(f"node-{n}:{per_node}\n" for n in range(nodes))
 
 
-def topology_file(work: Path, platform: str, ranks: int, per_node: int) -> Path:
-    """A probe.json (zcoll-probe/1, what `zcoll probe` writes) with the platform's nominal link
-    rates, for ordered_ring (ZCOLL_TOPOLOGY): 20 GB/s within a node, 12.5 GB/s across, the slow
-    link's route SLOW x slower. What a probe would measure on an idle platform."""
+def probe_matrix(platform: str, ranks: int, per_node: int):
+    """(node_of, bandwidth rows) with the platform's nominal link rates: 20 GB/s within a node,
+    12.5 GB/s across, the slow link's route SLOW x slower. What a probe would measure on an idle
+    platform."""
     node_of = [r // per_node for r in range(ranks)]
     bw = []
     for i in range(ranks):
@@ -148,6 +158,13 @@ def topology_file(work: Path, platform: str, ranks: int, per_node: int) -> Path:
                 rate = LINK_BPS / SLOW
             row.append(rate)
         bw.append(row)
+    return node_of, bw
+
+
+def topology_file(work: Path, platform: str, ranks: int, per_node: int) -> Path:
+    """A probe.json (zcoll-probe/1, what `zcoll probe` writes) of probe_matrix, for ZCOLL_TOPOLOGY
+    (ordered_ring, and auto resolved in the simulation)."""
+    node_of, bw = probe_matrix(platform, ranks, per_node)
     path = work / f"probe-{platform}-{ranks}x{per_node}.json"
     path.write_text(
         json.dumps(
@@ -244,9 +261,8 @@ def plan(args, platform: str, ranks: int) -> list:
     loses little."""
     have = done_cells(Path(args.csv))
     sizes = size_list(args)
-    kinds = [(a, None) for a in args.algorithms if a != "ordered_ring"]
-    if "ordered_ring" in args.algorithms and ranks <= args.ordered_max_ranks:
-        kinds.append(("ordered_ring", None))
+    kinds = [(a, None) for a in args.algorithms if a not in PROBED]
+    kinds += [(a, None) for a in PROBED if a in args.algorithms and ranks <= args.ordered_max_ranks]
     kinds += [("mpi", s) for s in args.selectors]
     jobs = []
     for algo, selector in kinds:
@@ -259,7 +275,7 @@ def plan(args, platform: str, ranks: int) -> list:
     if ranks >= args.split_from:  # every kind's small sizes before any kind's large ones
         return sorted(jobs, key=lambda j: j[3][0])
     if ranks < args.split_from:  # the plain zcoll algorithms of one scale share one run
-        plain = [j for j in jobs if j[2] is None and j[1] != "ordered_ring"]
+        plain = [j for j in jobs if j[2] is None and j[1] not in PROBED]
         if plain:
             span = (min(j[3][0] for j in plain), max(j[3][1] for j in plain))
             joined = ",".join(j[1] for j in plain)
@@ -270,11 +286,12 @@ def plan(args, platform: str, ranks: int) -> list:
 def run_job(args, platform: str, ranks: int, job: tuple) -> str:
     name, algos, selector, span = job
     env = {}
-    if algos == "ordered_ring":
+    if algos in PROBED:
         env["ZCOLL_TOPOLOGY"] = str(topology_file(Path(args.work), platform, ranks, args.per_node))
     # zcoll_allreduce_perf always adds an "mpi" row: in zcoll's runs it is the cheapest selector
     # to simulate (--reference), and dropped
-    cfg = [f"--cfg=smpi/allreduce:{selector or args.reference}"]
+    # except in auto's runs, where it is what rule 4 picks, timed as the table times "mpi" (MPICH's)
+    cfg = [f"--cfg=smpi/allreduce:{selector or (AUTO_MPI if algos == 'auto' else args.reference)}"]
     print(
         f"[{time.strftime('%H:%M:%S')}] {platform} {ranks} ranks: {name} "
         f"{fmt_size(span[0])}-{fmt_size(span[1])} ...",
@@ -351,9 +368,29 @@ def busbw(size: int, ranks: int, time_us: float) -> float:
     return size / (time_us * 1e-6) / 1e9 * 2 * (ranks - 1) / ranks
 
 
-def auto_choice(size: int, ranks: int, per_node: int) -> str:
+@functools.lru_cache(maxsize=None)
+def probe_caps(platform: str, ranks: int, per_node: int) -> tuple:
+    """(ordered_ring_gain, node_link_ratio) a communicator derives from probe_matrix (what
+    ZCOLL_TOPOLOGY gives it, csrc/comm/topology.cc): the rank-order ring's slowest hop over the
+    best order's, and the median bandwidth within a node over the median across nodes."""
+    node_of, bw = probe_matrix(platform, ranks, per_node)
+    order = zcoll._C.best_ring_order([[b or 0.0 for b in row] for row in bw])
+
+    def slowest(o):
+        return max(1 / bw[o[k]][o[(k + 1) % ranks]] for k in range(ranks))
+
+    gain = slowest(range(ranks)) / slowest(order) if ranks > 1 else 1.0
+    same = [bw[i][j] for i in range(ranks) for j in range(ranks) if i != j and node_of[i] == node_of[j]]
+    cross = [bw[i][j] for i in range(ranks) for j in range(ranks) if node_of[i] != node_of[j]]
+    ratio = float(np.median(same) / np.median(cross)) if same and cross else 0.0
+    return gain, ratio
+
+
+def auto_choice(size: int, ranks: int, per_node: int, platform: str = "", probe: bool = False) -> str:
     """What algorithm="auto" picks on a real cluster of this shape (not oversubscribed, MPI's own
-    allreduce available, equal nodes of per_node ranks): the C++ rule table."""
+    allreduce available, equal nodes of per_node ranks): the C++ rule table; with probe, also
+    what ZCOLL_TOPOLOGY's probe of the platform tells it (probe_caps)."""
+    gain, ratio = probe_caps(platform, ranks, per_node) if probe else (1.0, 0.0)
     return zcoll.choose_algorithm(
         size,
         ranks,
@@ -361,6 +398,8 @@ def auto_choice(size: int, ranks: int, per_node: int) -> str:
         oversubscribed=False,
         node_hierarchy=per_node > 1 and ranks > per_node,
         nodes=max(ranks // per_node, 1),
+        ordered_ring_gain=gain,
+        node_link_ratio=ratio,
     )
 
 
@@ -509,10 +548,13 @@ def model2_us(algorithm: str, size: int, ranks: int, platform: str, per_node: in
 
 
 def auto_rows(table: dict, per_node: int) -> list:
-    """One row per cell: best algorithm, auto's choice, auto's time over the best."""
+    """One row per cell: best algorithm; auto's choice without a probe and its time over the
+    best; auto's choice with the platform's probe (ZCOLL_TOPOLOGY) and its time over the best,
+    that time the simulated `auto` row's where one ran above SIM_AUTO_ABOVE (auto resolved
+    inside the simulation, flagged "sim"), else its choice's; the best MPI selector over the best."""
     out = []
     for (platform, ranks), cell in sorted(table.items()):
-        zc = {a: t for a, t in cell.items() if not a.startswith("mpi:")}
+        zc = {a: t for a, t in cell.items() if not a.startswith("mpi:") and a != "auto"}
         for size in sorted({s for series in cell.values() for s in series}):
             times = {a: t[size] for a, t in zc.items() if size in t}
             if len(times) < 3:  # a ring run only to extrapolate from, not a cell
@@ -520,10 +562,26 @@ def auto_rows(table: dict, per_node: int) -> list:
             best = min(times, key=times.get)
             choice = auto_choice(size, ranks, per_node)
             t = auto_time(cell, choice, size)
-            ratio = t / times[best] if t else float("nan")
+            probed = auto_choice(size, ranks, per_node, platform, probe=True)
+            simulated = cell.get("auto", {}).get(size) if size > SIM_AUTO_ABOVE else None
+            tp = simulated or auto_time(cell, probed, size)
             mpis = {a: cell[a][size] for a in cell if a.startswith("mpi:") and size in cell[a]}
             best_mpi = min(mpis.values()) if mpis else float("nan")
-            out.append((platform, ranks, size, best, times[best], choice, ratio, best_mpi / times[best]))
+            out.append(
+                (
+                    platform,
+                    ranks,
+                    size,
+                    best,
+                    times[best],
+                    choice,
+                    (t or math.nan) / times[best],
+                    probed,
+                    (tp or math.nan) / times[best],
+                    simulated is not None,
+                    best_mpi / times[best],
+                )
+            )
     return out
 
 
@@ -596,16 +654,22 @@ def report(args) -> None:
     for path in plot(table, Path(args.plots)):
         print(f"wrote {path}")
     print("\n### auto against the best simulated algorithm\n")
-    print("| platform | ranks | size | best | best us | auto | auto / best | best MPI / best zcoll |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| platform | ranks | size | best | best us | auto, no probe | / best | auto, probe | / best "
+        "| best MPI / best zcoll |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = auto_rows(table, args.per_node)
-    for platform, ranks, size, best, t, choice, ratio, mpi in rows:
+    for platform, ranks, size, best, t, choice, ratio, probed, ratio_p, sim, mpi in rows:
         flag = " **" if ratio > 1.1 else ""
+        flag_p = (" sim" if sim else "") + (" **" if ratio_p > 1.1 else "")
         print(
-            f"| {platform} | {ranks} | {fmt_size(size)} | {best} | {t:.1f} | {choice} | {ratio:.2f}{flag} | {mpi:.2f} |"
+            f"| {platform} | {ranks} | {fmt_size(size)} | {best} | {t:.1f} | {choice} | {ratio:.2f}{flag} "
+            f"| {probed} | {ratio_p:.2f}{flag_p} | {mpi:.2f} |"
         )
-    ok = [r for r in rows if r[6] <= 1.1]
-    print(f"\nauto within 10% of the best in {len(ok)} of {len(rows)} cells")
+    for label, k in (("without a probe", 6), ("with the platform's probe (ZCOLL_TOPOLOGY)", 8)):
+        ok = [r for r in rows if r[k] <= 1.1]
+        print(f"\nauto {label} within 10% of the best in {len(ok)} of {len(rows)} cells")
     print("\n### cost formulas against simulated time: (model - simulated) / simulated\n")
     print(
         "| platform | ranks | algorithm | one-tier median abs | worst | at largest | two-tier median abs | worst | at largest |"

@@ -22,6 +22,8 @@ Capabilities capabilities_of(Communicator& comm) {
   caps.nodes = comm.node_count();
   caps.topology = comm.topology().known();
   caps.ordered_ring_gain = caps.topology ? comm.topology().ring_gain : 1.0;
+  // From the same probe every rank read (ZCOLL_TOPOLOGY), so every rank agrees on it.
+  caps.node_link_ratio = caps.topology ? comm.topology().node_link_ratio : 0.0;
   return caps;
 }
 

@@ -43,10 +43,13 @@
 // 5. Recursive doubling up to 32 KiB (fewest steps).
 // 6. On at most 2 nodes with the same number (> 1) of ranks each, or a node count not known
 //    (zcoll.choose_algorithm without nodes): `hierarchical` at every size, which pays while
-//    B_node / B_link > 2 (the 2 x 2 test bed at 1 Gbit/s: 1.58x the ring; the simulated
-//    platform's 1.6 is below that: 1.08-1.18x the ring's time on 2 nodes x 8). Not on nodes of
-//    different sizes: their extra ranks' fold is serial and one node of many extras can cost
-//    more than the link saves (algorithm='hierarchical' still runs there).
+//    B_node / B_link > 2 (rule 3's bound for N = 2), unless the measured ratio
+//    (Capabilities::node_link_ratio, from the probe every rank read) is known and below
+//    kNodeLinkRatio: the simulated platform's 1.6 (20 / 12.5 GB/s) made hierarchical 1.08-1.18x
+//    the ring's time on 2 nodes x 8 from 256 KiB. Not known, hierarchical stays: the 2 x 2 test
+//    bed at 1 Gbit/s (shared memory tens of times the link) measured 1.58x the ring. Not on
+//    nodes of different sizes: their extra ranks' fold is serial and one node of many extras can
+//    cost more than the link saves (algorithm='hierarchical' still runs there).
 // 7. A known topology (ZCOLL_TOPOLOGY, set_topology) whose best ring order has a slowest hop at
 //    least kOrderedRingGain times faster than rank order's: `ordered_ring` (a ring's time is its
 //    slowest hop's; below that gain, measurement noise may be all the difference).
@@ -76,6 +79,7 @@ struct Rule {
   int max_nodes = 0;                   // also at most this many nodes (0 nodes: unknown, matches); 0: any
   int min_nodes = 0;                   // also at least this many nodes (0 nodes: unknown, fails); 0: any
   bool to_crossover = false;           // also matches above max_bytes up to hierarchical_crossover
+  double min_node_link_ratio = 0.0;    // also node_link_ratio unknown (0) or at least this; 0: any
 };
 
 constexpr std::size_t kAny = std::numeric_limits<std::size_t>::max();
@@ -83,6 +87,7 @@ constexpr int kAnyRanks = std::numeric_limits<int>::max();
 constexpr double kOrderedRingGain = 1.25;
 constexpr int kManyNodes = 3;  // from 3 nodes on, hierarchical only for its latency (rules 3, 6)
 constexpr std::size_t kHierarchicalBytesPerRank = 4 * 1024;
+constexpr double kNodeLinkRatio = 2.0;  // rule 6: B_node / B_link above the node count (2)
 constexpr double kLinkLatencyBytes = 8 * 1024;  // alpha_link / beta_link on a 2:1 fabric, see rule 3
 
 // Rule 3's lower bound: the size from which hierarchical's saved link bytes pay for its extra
@@ -102,7 +107,7 @@ constexpr Rule kRules[] = {
     {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical, kHierarchicalBytesPerRank, 0, kManyNodes},
     {kAnyRanks, 64 * 1024, false, 0.0, Algorithm::kMpi},
     {kAnyRanks, 32 * 1024, false, 0.0, Algorithm::kRecursiveDoubling},
-    {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical, 0, kManyNodes - 1},
+    {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical, 0, kManyNodes - 1, 0, false, kNodeLinkRatio},
     {kAnyRanks, kAny, false, kOrderedRingGain, Algorithm::kOrderedRing},
     {kAnyRanks, kAny, false, 0.0, Algorithm::kRing},
 };
@@ -115,7 +120,8 @@ bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities&
          (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
          caps.ordered_ring_gain >= rule.min_ordered_ring_gain &&
          (rule.max_bytes_per_rank == 0 || bytes <= rule.max_bytes_per_rank * static_cast<std::size_t>(ranks)) &&
-         (rule.max_nodes == 0 || caps.nodes <= rule.max_nodes) && caps.nodes >= rule.min_nodes;
+         (rule.max_nodes == 0 || caps.nodes <= rule.max_nodes) && caps.nodes >= rule.min_nodes &&
+         (caps.node_link_ratio <= 0.0 || caps.node_link_ratio >= rule.min_node_link_ratio);
 }
 
 }  // namespace

@@ -99,6 +99,7 @@ struct Capabilities {
   double ordered_ring_gain = 1.0;  // Topology::ring_gain: how much faster the ordered ring's slowest hop is
   bool topology = false;           // measured links (Topology::known())
   int nodes = 0;                   // how many nodes (node_hierarchy); 0: not known
+  double node_link_ratio = 0.0;    // Topology::node_link_ratio: node-local / inter-node bandwidth; 0: not known
 };
 // The choice `auto` makes for a message of `bytes` on `ranks` ranks (rules in auto_select.cc).
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);

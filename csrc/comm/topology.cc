@@ -224,6 +224,25 @@ std::vector<int> best_ring_order(const std::vector<double>& bw, int p) {
   return best;
 }
 
+double node_link_ratio(const std::vector<double>& bw, int p, const std::vector<int>& node_of) {
+  ZCOLL_REQUIRE(node_of.size() == static_cast<std::size_t>(p), "node_link_ratio: ", node_of.size(), " nodes for ", p,
+                " ranks");
+  std::vector<double> node, link;
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j)
+      if (i != j) (node_of[i] == node_of[j] ? node : link).push_back(bw[static_cast<std::size_t>(i) * p + j]);
+  if (node.empty() || link.empty()) return 0.0;
+  auto median = [](std::vector<double>& v) {
+    const std::size_t mid = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+    const double upper = v[mid];
+    if (v.size() % 2 == 1) return upper;
+    return 0.5 * (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
+  };
+  const double on_link = median(link);
+  return on_link > 0 ? median(node) / on_link : 0.0;
+}
+
 Topology topology_from_bandwidth(const std::vector<double>& bw, int p) {
   Topology t;
   t.ring = best_ring_order(bw, p);
@@ -286,7 +305,9 @@ Topology topology_from_probe(const ProbeFile& probe, const std::string& path, in
                     ", this job does not: it was measured with another placement; probe again");
       bw[static_cast<std::size_t>(i) * p + j] = i == j ? 0.0 : probe.bandwidth[static_cast<std::size_t>(wi) * probe.size + wj];
     }
-  return topology_from_bandwidth(bw, p);
+  Topology topology = topology_from_bandwidth(bw, p);
+  topology.node_link_ratio = node_link_ratio(bw, p, node_of);
+  return topology;
 }
 
 }  // namespace zcoll

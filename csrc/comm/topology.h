@@ -21,6 +21,7 @@ struct Topology {
   std::vector<int> ring;    // ring[k] sends to ring[(k+1) % p], ring[0] == 0; empty: none known
   double ring_gain = 1.0;   // slowest hop of the rank-order ring / slowest hop of `ring` (time, >= 1)
   std::uint64_t fingerprint = 0;  // of `ring` (FNV-1a), for check mode; 0 when none
+  double node_link_ratio = 0.0;   // node_link_ratio() of the measured matrix; 0: not known
   bool known() const { return !ring.empty(); }
 };
 
@@ -34,6 +35,13 @@ RingCost ring_cost(const std::vector<double>& bw, int p, const std::vector<int>&
 // The order described above. Throws std::invalid_argument for a matrix of the wrong size or with
 // an off-diagonal entry that is not a positive finite number.
 std::vector<int> best_ring_order(const std::vector<double>& bw, int p);
+
+// The median bandwidth between ranks of one node over the median between ranks of different
+// nodes (node_of[r]: rank r's node), for `auto` (rule 6: hierarchical on 2 nodes pays only while
+// this is at least 2). Medians, so one slow pair does not decide it; 0 when either tier has no
+// pair. A pure function of the matrix and the placement, so every rank given the same probe
+// computes the same ratio and makes the same choice.
+double node_link_ratio(const std::vector<double>& bw, int p, const std::vector<int>& node_of);
 Topology topology_from_bandwidth(const std::vector<double>& bw, int p);
 
 // The parts of a probe result (`zcoll probe`'s probe.json, format zcoll-probe/1) zcoll uses:

@@ -39,6 +39,7 @@ def choose_algorithm(
     node_hierarchy: bool = False,
     ordered_ring_gain: float = 1.0,
     nodes: int = 0,
+    node_link_ratio: float = 0.0,
 ) -> str:
     """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
 
@@ -46,7 +47,9 @@ def choose_algorithm(
     (then MPI's own collectives busy-spin and are never picked); node_hierarchy: several nodes
     with the same number (> 1) of ranks each; ordered_ring_gain: how many times faster the
     slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain);
-    nodes: how many nodes with node_hierarchy (0: not known, answered as for few nodes)."""
+    nodes: how many nodes with node_hierarchy (0: not known, answered as for few nodes);
+    node_link_ratio: median bandwidth within a node over that between nodes, as a probe
+    (ZCOLL_TOPOLOGY) measured it (0: not known; below 2, hierarchical is not picked on 2 nodes)."""
     return _C.choose_allreduce_algorithm(
         nbytes,
         ranks,
@@ -56,6 +59,7 @@ def choose_algorithm(
         node_hierarchy,
         ordered_ring_gain,
         nodes,
+        node_link_ratio,
     )
 
 

@@ -55,7 +55,8 @@ def test_quick_simulation_of_64_ranks(smpi_binary):
 def test_report_two_tier_model_against_recorded_simulations(tmp_path):
     """--report on the recorded sweep (docs/scale.csv): the two-tier cost model (per-tier alpha
     and beta, contention counted from the platform's routes) must stay within a median 10% of
-    the simulated times, and below the one-tier formulas' error; auto's table must be there."""
+    the simulated times, and below the one-tier formulas' error; auto's table must be there, with
+    the platform's probe within 10% of the best in at least as many cells as without."""
     rc, out = run(
         [sys.executable, SCRIPT, "--report", "--plots", tmp_path, "--csv", ROOT / "docs" / "scale.csv"],
         timeout=300,
@@ -68,4 +69,11 @@ def test_report_two_tier_model_against_recorded_simulations(tmp_path):
     assert set(medians) == {"one-tier", "two-tier"}, out
     assert medians["two-tier"] <= 10, out
     assert medians["two-tier"] < medians["one-tier"] / 4, out
-    assert "auto within 10% of the best in" in out, out
+    counts = {}
+    for line in out.splitlines():
+        if line.startswith("auto ") and " within 10% of the best in " in line:
+            within, _, cells, _ = line.rsplit(" ", 4)[1:]
+            counts["probe" if "probe (" in line else "none"] = (int(within), int(cells))
+    assert set(counts) == {"none", "probe"}, out
+    # auto given the platform's probe (its node/link ratio and ring gain) is never further behind
+    assert counts["probe"][1] == counts["none"][1] and counts["probe"][0] >= counts["none"][0], counts

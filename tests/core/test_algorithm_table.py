@@ -216,3 +216,42 @@ def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
         16 << 20, 64, shared_memory=False, node_hierarchy=True, nodes=8, ordered_ring_gain=4.0
     )
     assert many == "ordered_ring"
+
+
+def test_auto_on_two_nodes_reads_the_node_link_ratio():
+    """Rule 6 (auto_select.cc): on 2 equal nodes (or an unknown count) hierarchical at every size
+    above MPI's range while the measured node/link bandwidth ratio is unknown (0) or at least 2,
+    the ring (or a measured ring order's) below 2: the simulated platform's 20 / 12.5 GB/s = 1.6
+    made hierarchical 1.08-1.18x the ring's time on 2 nodes x 8 (docs/scale.md). From 3 nodes on
+    the ratio changes nothing (rule 3 and the ring decide there)."""
+
+    def pick(nbytes, ranks, nodes, ratio, gain=1.0):
+        return zcoll.choose_algorithm(
+            nbytes,
+            ranks,
+            shared_memory=False,
+            node_hierarchy=True,
+            nodes=nodes,
+            ordered_ring_gain=gain,
+            node_link_ratio=ratio,
+        )
+
+    for nodes, ranks in ((2, 16), (2, 4), (0, 4)):
+        for nbytes in (256 << 10, 1 << 20, 16 << 20, 256 << 20):
+            assert pick(nbytes, ranks, nodes, 0.0) == "hierarchical", "unknown: the test bed's choice"
+            assert pick(nbytes, ranks, nodes, 2.0) == "hierarchical"
+            assert pick(nbytes, ranks, nodes, 50.0) == "hierarchical", "shared memory >> 1 Gbit/s"
+            assert pick(nbytes, ranks, nodes, 1.6) == "ring", (nodes, ranks, nbytes)
+            assert pick(nbytes, ranks, nodes, 1.99) == "ring"
+            assert pick(nbytes, ranks, nodes, 1.6, gain=4.0) == "ordered_ring"
+        # below rule 6, the ratio changes nothing
+        assert pick(4096, ranks, nodes, 1.6) == pick(4096, ranks, nodes, 0.0) == "recursive_doubling"
+        assert pick(65536, ranks, nodes, 1.6) == pick(65536, ranks, nodes, 0.0) == "mpi"
+    for ranks, nodes in ((64, 8), (256, 32), (1024, 128)):
+        for nbytes in (4096, 65536, 256 << 10, 1 << 20, 16 << 20):
+            assert pick(nbytes, ranks, nodes, 1.6) == pick(nbytes, ranks, nodes, 0.0), (ranks, nbytes)
+    # the documented signature still answers without the new keyword
+    assert (
+        zcoll.choose_algorithm(1 << 20, 16, shared_memory=False, node_hierarchy=True, nodes=2)
+        == "hierarchical"
+    )

@@ -89,6 +89,33 @@ def test_topology_from_env(tmp_path):
     job.check("topology_from_env", min_checks=5)
 
 
+@pytest.mark.parametrize("within, want", [(1.6e9, "ring"), (8e9, "hierarchical")])
+def test_auto_reads_the_probes_node_link_ratio(tmp_path, within, want):
+    """2 nodes x 2 ranks and a probe.json of `within` bytes/s inside a node and 1 GB/s across:
+    every rank derives the same node/link ratio from it and auto at 1 MiB runs the ring below 2
+    (the simulated platform's 1.6) and hierarchical from 2 (rule 6)."""
+    ids = LAYOUTS["2+2 blocked"]
+    node_of = [0, 0, 1, 1]
+    bw = [
+        [None if i == j else within if node_of[i] == node_of[j] else 1e9 for j in range(4)] for i in range(4)
+    ]
+    probe = tmp_path / "probe.json"
+    probe.write_text(
+        json.dumps({"format": "zcoll-probe/1", "size": 4, "node_of": node_of, "bandwidth_bytes_per_s": bw})
+    )
+    env = {**ENV, "ZCOLL_TOPOLOGY": str(probe)}
+    job = script_job(
+        SCRIPT,
+        4,
+        nodes_arg(ids),
+        f"--want-auto={want}",
+        "node_link_ratio",
+        env=env,
+        launcher=LAUNCHERS["2+2 blocked"],
+    )
+    job.check("node_link_ratio", min_checks=2)
+
+
 def test_topology_of_another_placement_refused(tmp_path):
     """A probe whose nodes are not this job's: every rank refuses to create a communicator."""
     probe = write_probe(tmp_path / "probe.json", [0, 0, 1, 1])
@@ -124,3 +151,45 @@ def testbed_launcher():
 @pytest.mark.parametrize("case", case_names(SCRIPT))
 def test_testbed_two_nodes(testbed_launcher, case):
     script_job(SCRIPT, 4, "--nodes=0,0,1,1", env=ENV, launcher=testbed_launcher).check(case)
+
+
+def test_testbed_measured_ratio_keeps_hierarchical(testbed_launcher, tmp_path):
+    """On the 2 x 2 test bed (1 Gbit/s between nodes, shared memory within) `zcoll probe` measures
+    a node/link ratio far above 2, and auto, given that probe (ZCOLL_TOPOLOGY), still runs
+    hierarchical at 1 MiB (rule 6; it measured 1.58x the ring's speed there)."""
+    argv = testbed_launcher(
+        [
+            sys.executable,
+            "-m",
+            "zcoll",
+            "probe",
+            "--out",
+            str(tmp_path),
+            "--budget",
+            "0.2",
+            "--no-png",
+            "--no-html",
+        ]
+    )
+    done = run(argv, timeout=240)
+    assert done.returncode == 0, done.output
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    bw, node_of = np.array(probe["bandwidth_bytes_per_s"], dtype=float), probe["node_of"]
+    same = [bw[i, j] for i in range(4) for j in range(4) if i != j and node_of[i] == node_of[j]]
+    cross = [bw[i, j] for i in range(4) for j in range(4) if node_of[i] != node_of[j]]
+    ratio = np.median(same) / np.median(cross)
+    print(
+        f"test bed: node/link bandwidth ratio {ratio:.1f} ({np.median(same):.3g} / {np.median(cross):.3g} B/s)"
+    )
+    assert ratio >= 2, ratio
+    env = {**ENV, "ZCOLL_TOPOLOGY": str(tmp_path / "probe.json")}
+    job = script_job(
+        SCRIPT,
+        4,
+        "--nodes=0,0,1,1",
+        "--want-auto=hierarchical",
+        "node_link_ratio",
+        env=env,
+        launcher=testbed_launcher,
+    )
+    job.check("node_link_ratio", min_checks=2)

@@ -25,6 +25,9 @@ crosses nodes; unequal: the extra ranks fold in, the compressed stage is refused
    every rank when one rank holds another order; without a topology the algorithm is refused.
 5. topology_from_env: ZCOLL_TOPOLOGY=probe.json orders every communicator's ring at creation
    (a sub-communicator by its own ranks' links); unset, no topology is known.
+6. node_link_ratio: what `auto` ran at 1 MiB on 2 equal nodes given the probe's bandwidths within
+   and across nodes (rule 6): --want-auto names it (the ring below a ratio of 2, hierarchical
+   from 2); without a probe hierarchical on such nodes (the ratio unknown).
 """
 
 from __future__ import annotations
@@ -252,6 +255,17 @@ def case_topology_from_env(ck: Checks):
         ck.same_on_all_ranks("sub ordered_ring", y.tobytes())
     finally:
         sub.free()
+
+
+def case_node_link_ratio(ck: Checks):
+    two_equal = multi_level and len(node_sizes) == 2
+    want = option("want-auto", "hierarchical" if two_equal else None)
+    x = np.ones(1 << 18, np.float32)  # 1 MiB: above MPI's and recursive doubling's ranges
+    ck.check(np.array_equal(comm.allreduce(x), np.full_like(x, p)), "auto result")
+    if want and p > 1:
+        got = last_algorithm()
+        ck.check(got == want, "auto on 2 nodes", f"ran {got}, want {want} (ZCOLL_TOPOLOGY "
+                 f"{zcoll._C.env_get('ZCOLL_TOPOLOGY') or 'unset'})")
 
 
 if __name__ == "__main__":
