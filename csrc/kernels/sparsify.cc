@@ -32,32 +32,48 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
   return keys[k - 1];
 }
 
-// The k-th largest of keys[0..m) (1 <= k <= m < 2^32, every key in [lo, hi]), keys left as they
-// are, and in *above the count of keys larger than it: a histogram of bits 30..19 (|x| bits, sign
-// 0: the exponent and 4 mantissa bits, bins of 1/16 octave) over the bins from lo's to hi's alone
-// finds the bin that holds it, and nth_element runs on that bin's keys alone: two linear passes
-// and a small nth_element instead of nth_element over every candidate (2-3x faster on 1-20 K
-// candidates). Candidates span a few hundred bins, so clearing and scanning all 4096 per call
-// cost more than the histogram itself on a 32 K-element segment.
-std::uint32_t kth_largest_radix(const std::uint32_t* keys, std::size_t m, std::size_t k, std::uint32_t lo,
-                                std::uint32_t hi, std::size_t* above) {
-  constexpr int kShift = 19;
-  const std::uint32_t base = lo >> kShift, bins = (hi >> kShift) - base + 1;
-  thread_local std::vector<std::uint32_t> hist, in_bin;
-  hist.assign(bins, 0);
-  for (std::size_t j = 0; j < m; ++j) ++hist[(keys[j] >> kShift) - base];
-  std::size_t over = 0;
-  std::uint32_t bin = bins - 1;
-  for (; bin > 0 && over + hist[bin] < k; --bin) over += hist[bin];
-  in_bin.resize(hist[bin] + 1);
-  std::size_t nb = 0;
-  for (std::size_t j = 0; j < m && nb < hist[bin]; ++j) {  // branch-free, as pick_from_candidates
-    in_bin[nb] = keys[j];
-    nb += (keys[j] >> kShift) - base == bin;
+// The k-th largest t of keys[0..c) (1 <= k <= c, every key >= lo), and the counts of keys > t and
+// == t. Candidates are 1.5-3x k (phase 2 places lo so), so the k-th lies within about an octave
+// above lo: a histogram of 1024 bins of 1/128 octave (bits 30..16) from lo's bin up (keys beyond
+// these 8 octaves share the top bin) is walked up from the bottom to the bin of the (c - k + 1)-th
+// smallest, and nth_element runs on that bin's few keys alone. The keys are written as they are
+// counted (one pass over the candidates). The former 1/16-octave bins put ~50 keys in the k-th's
+// bin and walked down from the top; this takes 0.85x its time on 8 segments of 1 MiB.
+std::uint32_t kth_of_candidates(const float* cval, std::uint32_t* keys, std::size_t c, std::size_t k,
+                                std::uint32_t lo, std::size_t* above, std::size_t* equal) {
+  constexpr int kShift = 16;
+  constexpr std::uint32_t kBins = 1024;
+  const std::uint32_t base = lo >> kShift;
+  std::uint32_t hist[kBins] = {};
+  for (std::size_t j = 0; j < c; ++j) {
+    const std::uint32_t key = qmath::abs_bits(cval[j]);
+    keys[j] = key;
+    ++hist[std::min((key >> kShift) - base, kBins - 1)];
   }
-  const std::uint32_t t = kth_largest(in_bin.data(), nb, k - over);
-  for (std::size_t j = 0; j < nb; ++j) over += in_bin[j] > t;
+  std::size_t below = 0;
+  std::uint32_t bin = 0;
+  for (; bin < kBins - 1 && below + hist[bin] <= c - k; ++bin) below += hist[bin];
+  const std::size_t members = hist[bin];
+  // key in the bin <=> key - first < width (unsigned: keys below first wrap past it; keys are
+  // < 2^31, so the top bin's width 2^31 takes every key from first up and none below).
+  const std::uint32_t first = (base + bin) << kShift;
+  const std::uint32_t width = bin == kBins - 1 ? (1u << 31) : (1u << kShift);
+  thread_local std::vector<std::uint32_t> in_bin;
+  if (in_bin.size() < members + 1) in_bin.resize(members + 1);
+  std::uint32_t* ib = in_bin.data();
+  std::size_t nb = 0;
+  for (std::size_t j = 0; j < c && nb < members; ++j) {  // branch-free: write, advance on a member
+    ib[nb] = keys[j];
+    nb += keys[j] - first < width;
+  }
+  std::size_t over = c - below - members, eq = 0;
+  const std::uint32_t t = kth_largest(ib, nb, k - over);
+  for (std::size_t j = 0; j < nb; ++j) {
+    over += ib[j] > t;
+    eq += ib[j] == t;
+  }
   *above = over;
+  *equal = eq;
   return t;
 }
 
@@ -126,25 +142,31 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
 constexpr double kFirstSigmas = 2.0, kRetrySigmas = 4.0;
 
 // Phase 4: the k pairs of largest key among the c candidates (index order, every key >= lo).
+// Branch-free compaction (whether a candidate is kept is as unpredictable as the data): every
+// pair is written at `out`, which advances past the kept ones; out < k at every write. When every
+// key == t is kept (distinct values: the common case) the rule is key >= t, with no running
+// budget of equal keys in the loop's dependency chain (3x faster on 1 K candidates).
 void pick_from_candidates(const std::uint32_t* cidx, const float* cval, std::uint32_t* ckeys, std::size_t c,
                           std::size_t k, std::uint32_t lo, std::uint32_t* idx, float* val) {
-  std::uint32_t hi = lo;
-  for (std::size_t j = 0; j < c; ++j) {
-    ckeys[j] = qmath::abs_bits(cval[j]);
-    hi = std::max(hi, ckeys[j]);
-  }
-  std::size_t above = 0;
-  const std::uint32_t t = kth_largest_radix(ckeys, c, k, lo, hi, &above);
-  // Branch-free (whether a candidate is kept is as unpredictable as the data): every pair is
-  // written at `out`, which advances past the kept ones; out < k at every write.
-  std::size_t eq_left = k - above, out = 0;
-  for (std::size_t j = 0; j < c && out < k; ++j) {
-    const std::uint32_t key = ckeys[j];
-    const bool eq = key == t, keep = key > t || (eq && eq_left > 0);
-    eq_left -= eq && keep;
-    idx[out] = cidx[j];
-    val[out] = cval[j];
-    out += keep;
+  std::size_t above = 0, equal = 0;
+  const std::uint32_t t = kth_of_candidates(cval, ckeys, c, k, lo, &above, &equal);
+  std::size_t out = 0;
+  if (above + equal == k) {
+    for (std::size_t j = 0; j < c && out < k; ++j) {
+      idx[out] = cidx[j];
+      val[out] = cval[j];
+      out += ckeys[j] >= t;
+    }
+  } else {
+    std::size_t eq_left = k - above;
+    for (std::size_t j = 0; j < c && out < k; ++j) {
+      const std::uint32_t key = ckeys[j];
+      const bool eq = key == t, keep = key > t || (eq && eq_left > 0);
+      eq_left -= eq && keep;
+      idx[out] = cidx[j];
+      val[out] = cval[j];
+      out += keep;
+    }
   }
   ZCOLL_CHECK_EQ(out, k, "sampled top-k fix-up selected a wrong count");
 }

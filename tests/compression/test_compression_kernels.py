@@ -699,6 +699,35 @@ def test_topk_sampled_retry_same_pairs(n, k):
         assert bits_equal(e, r), seed
 
 
+def candidate_shapes(n, seed):
+    """Inputs that steer the candidates' histogram (phase 4) into each of its cases: layered
+    scales, a smooth tail, ties at the k-th magnitude, and outliers far beyond its 8-octave window."""
+    rng = np.random.default_rng(seed)
+    kind = seed % 4
+    if kind == 0:
+        return gradient(n, seed=seed)
+    if kind == 1:
+        return rng.standard_normal(n).astype(np.float32)
+    if kind == 2:  # few distinct magnitudes: the k-th key is shared by many candidates
+        return (rng.integers(-40, 41, n) * np.float32(0.25)).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[rng.integers(0, n, 40)] = rng.choice([1e30, -1e30, np.inf, np.nan], 40)
+    return x
+
+
+@pytest.mark.parametrize("n,k", [(32768, 328), (32769, 1), (65536, 655), (131072, 4096)])
+def test_topk_sampled_exact_pairs_many_inputs(n, k):
+    """320 different inputs per shape, segment-sized and layered, ties and outliers included: the
+    sampled method returns exactly the pairs of the exact one (the order of |x| bit patterns, ties
+    by lower index), whatever the candidates' histogram and compaction took as a shortcut."""
+    for seed in range(320):
+        x = candidate_shapes(n, seed)
+        want = np_topk(x, k)
+        idx, val = topk(x, k, "sampled", seed=seed)
+        assert np.array_equal(idx, want), seed
+        assert bits_equal(val, x[idx]), seed
+
+
 def test_topk_threshold_estimate():
     x = gradient(1 << 20, seed=3)
     for k in (1000, 10486, 100000):
