@@ -159,6 +159,7 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
             d["messages_sent"] = s.messages_sent;
             d["collectives"] = s.collectives;
             d["bytes_read_from_peers"] = s.bytes_read_from_peers;
+            d["bytes_written_to_peers"] = s.bytes_written_to_peers;
             return d;
           },
           "Bytes and messages this rank sent through zcoll, the number of collectives, and the bytes it "

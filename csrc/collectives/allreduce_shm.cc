@@ -31,21 +31,27 @@
 // MPI), in one iteration whatever the size:
 //          0. post the addresses of `in` and `out` (flag slots), publish STAGED = s;
 //          1. reduce: when every rank has posted, reduce sub-block `rank` of the whole call in
-//             rank order straight into `out`, piece by piece (cache-sized, or the pipeline's
-//             segment when smaller): the other ranks' pieces are read from their `in` into a
-//             private buffer, mine from `in`. From kStreamBytes a piece is summed in a private
-//             buffer and copied into `out` with non-temporal stores: `out` is then written
-//             without being read first, and a result that large leaves the cache anyway (2 ranks,
-//             64 MiB: 0.86-0.92 of the time, three A/B runs; 16 MiB: 0.94-1.04). Publish REDUCED = s;
-//          2. gather: for each other rank, once it has reduced, read its sub-block of its `out`
-//             into mine (one copy, memory to memory); publish GATHERED = s;
-//          3. wait until every rank has gathered: until then the others may still read my
-//             `in` and `out`.
-//          Same reduction order as the staged path, so the same bits. In place is safe: a rank
-//          overwrites another rank's sub-block of its buffer only in step 2, after that rank
-//          has read it (REDUCED).
+//             rank order, piece by piece (cache-sized, or the pipeline's segment when smaller):
+//             the other ranks' pieces are read from their `in` into a private buffer, mine from
+//             `in`. From kStreamBytes a piece is summed in a private buffer and copied into `out`
+//             with non-temporal stores: `out` is then written without being read first, and a
+//             result that large leaves the cache anyway (2 ranks, 64 MiB: 0.86-0.92 of the time,
+//             three A/B runs; 16 MiB: 0.94-1.04). Where the transport also lets ranks write each
+//             other's memory (SharedArena::peer_writes; process_vm_writev), each reduced piece is
+//             written, while still in cache, into the other ranks' `out` too. Publish REDUCED = s;
+//          2. gather, only without peer writes: for each other rank, once it has reduced, read
+//             its sub-block of its `out` into mine (one copy, memory to memory); GATHERED = s;
+//          3. wait until every rank has reduced (with peer writes: they write into my `out`
+//             until then) or gathered (without: they read my `in` and `out` until then).
+//          Same reduction order as the staged path, so the same bits. In place is safe: sub-block
+//          r of every rank's buffer is read and written by rank r alone (with peer writes: each
+//          piece read from every rank before it is written to any), or written by its owner in
+//          step 2 after rank r has read it (REDUCED).
 // Cost:    3 alpha + 2 (p-1)/p S beta + (p-1)/p S gamma: (p-1)/p S read from the other ranks
 //          into cache for the reduction and (p-1)/p S copied for the gather, nothing staged.
+//          Peer writes copy the same bytes but from cache: per rank S read from memory and S
+//          written (2 ranks), as the copy of S does, against 1.5 S read (plus reads for
+//          ownership) when gathering (2 ranks, 16-64 MiB: 0.90-0.98 of the time, two A/B runs).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -195,10 +201,17 @@ struct SingleCopyCall {
   const unsigned char* remote(int r, int slot) const {
     return reinterpret_cast<const unsigned char*>(static_cast<std::uintptr_t>(arena.posted(r, slot)));
   }
+  unsigned char* remote_out(int r) const {
+    return reinterpret_cast<unsigned char*>(static_cast<std::uintptr_t>(arena.posted(r, kOutAddress)));
+  }
   detail::Range sub(int r) const { return detail::split(detail::Range{0, a.count}, p, r); }
   void read(int r, const unsigned char* remote_bytes, void* local, std::size_t bytes) {
     peers.read(r, remote_bytes, local, bytes);
     stats.bytes_read_from_peers += bytes;
+  }
+  void write(int r, unsigned char* remote_bytes, const void* local, std::size_t bytes) {
+    peers.write(r, remote_bytes, local, bytes);
+    stats.bytes_written_to_peers += bytes;
   }
 
   void run(std::uint64_t s) {
@@ -207,7 +220,15 @@ struct SingleCopyCall {
     arena.publish(me, kStaged, s);
     stats.bytes_sent += 2 * static_cast<std::uint64_t>(p - 1) * a.count * es / p;
     arena.wait_all(kStaged, s);
-    reduce_mine(sub(me));
+    if (arena.peer_writes) {
+      // 1. reduce, each piece also written into every other rank's `out`; 2. nothing to gather
+      reduce_mine(sub(me), true);
+      arena.publish(me, kReduced, s);
+      arena.publish(me, kGathered, s);
+      arena.wait_all(kReduced, s);
+      return;
+    }
+    reduce_mine(sub(me), false);
     arena.publish(me, kReduced, s);
     for (int k = 1; k < p; ++k) {
       const int r = (me + k) % p;  // staggered: the ranks do not all read one rank at once
@@ -223,11 +244,15 @@ struct SingleCopyCall {
   // rank r's `in`. Beyond two ranks a running sum in scratch, and from kStreamBytes the whole
   // sum there, so that `out` (which may be my `in`) is written only by the last step, after my
   // own piece was read.
-  void reduce_mine(const detail::Range& mine) {
+  void reduce_mine(const detail::Range& mine, bool write_peers) {
     if (mine.count == 0) return;
     const std::size_t fetch_buffers = p == 2 ? 1 : 2;  // + 1 for the sum
     const std::size_t cap = a.pipeline.max_segment_bytes ? a.pipeline.max_segment_bytes : kScratchBytes;
-    const std::size_t piece = std::max<std::size_t>(1, std::min(cap, kScratchBytes / (p == 2 ? 1 : 3)) / es);
+    // the buffers a piece passes through (fetched, plus the sum where it is read again) fit in
+    // kScratchBytes: 2 ranks writing peers with 256 KiB pieces (512 KiB of scratch, all of
+    // this machine's L2) took 1.04-1.13x the time of 128 KiB pieces at 16-64 MiB
+    const std::size_t buffers = p == 2 ? (write_peers ? 2 : 1) : 3;
+    const std::size_t piece = std::max<std::size_t>(1, std::min(cap, kScratchBytes / buffers) / es);
     thread_local std::vector<unsigned char> scratch;
     if (scratch.size() < (fetch_buffers + 1) * piece * es) scratch.resize((fetch_buffers + 1) * piece * es);
     unsigned char* const fetched[2] = {scratch.data(), scratch.data() + (fetch_buffers - 1) * piece * es};
@@ -256,6 +281,12 @@ struct SingleCopyCall {
       }
       if (a.op == ReduceOp::kAvg) kernels::divide(last, n, a.dtype, p);
       if (streaming) copy_streaming(target, sum, n * es);
+      if (write_peers) {
+        for (int k = 1; k < p; ++k) {
+          const int r = (me + k) % p;
+          write(r, remote_out(r) + b * es, last, n * es);
+        }
+      }
     }
   }
 };

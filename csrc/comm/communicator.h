@@ -44,6 +44,7 @@ struct CommStats {
   std::uint64_t messages_sent = 0;
   std::uint64_t collectives = 0;
   std::uint64_t bytes_read_from_peers = 0;  // shm single copy: read straight from other ranks' memory
+  std::uint64_t bytes_written_to_peers = 0;  // shm single copy: written straight into other ranks' memory
 };
 
 class Communicator {

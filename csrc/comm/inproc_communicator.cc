@@ -261,6 +261,7 @@ SharedArena* InProcTransport::arena() {
   arena_.yield_when_waiting = oversubscribed();
   arena_.watchdog = &watchdog();
   arena_.peer_memory = group_.options().peer_memory ? this : nullptr;
+  arena_.peer_writes = group_.options().peer_memory && group_.options().peer_writes;
   arena_.single_copy_bytes = group_.options().single_copy_bytes;
   arena_ready_ = true;
   return &arena_;
@@ -268,6 +269,10 @@ SharedArena* InProcTransport::arena() {
 
 void InProcTransport::read(int, const void* remote, void* local, std::size_t bytes) {
   std::memcpy(local, remote, bytes);
+}
+
+void InProcTransport::write(int, void* remote, const void* local, std::size_t bytes) {
+  std::memcpy(remote, local, bytes);
 }
 
 bool InProcTransport::peer_alive(int peer) { return !group_.lost(peer); }

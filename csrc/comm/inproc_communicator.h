@@ -88,6 +88,7 @@ struct InProcOptions {
                                        // not read here)
   double timeout_seconds = 0.0;        // each communicator's deadline (<= 0: none)
   bool peer_memory = true;             // offer reads of other ranks' memory (the shm single copy)
+  bool peer_writes = true;             // with peer_memory, offer writes too (else the single copy gathers by reads)
   std::size_t single_copy_bytes = 256 * 1024;  // shm calls from this size read peers directly
 };
 
@@ -124,6 +125,7 @@ class InProcTransport final : public Transport, public PeerMonitor, public Share
   SharedArena* arena() override;
   // PeerMemory: the ranks are threads of one process, so a plain copy
   void read(int rank, const void* remote, void* local, std::size_t bytes) override;
+  void write(int rank, void* remote, const void* local, std::size_t bytes) override;
 
   bool oversubscribed() const;
   InProcGroup& group() { return group_; }

@@ -397,6 +397,49 @@ void MpiTransport::read(int rank, const void* remote, void* local, std::size_t b
   }
 }
 
+// The single copy's writes into a peer's `out`, as read() above with process_vm_writev.
+void MpiTransport::write(int rank, void* remote, const void* local, std::size_t bytes) {
+  const auto* src = static_cast<const unsigned char*>(local);
+  auto dst = reinterpret_cast<std::uintptr_t>(remote);
+  const auto pid = static_cast<pid_t>(pids_[static_cast<std::size_t>(rank)]);
+  while (bytes > 0) {
+    iovec from{const_cast<unsigned char*>(src), bytes}, to{reinterpret_cast<void*>(dst), bytes};
+    const ssize_t put = process_vm_writev(pid, &from, 1, &to, 1, 0);
+    if (put > 0) {
+      src += put;
+      dst += static_cast<std::uintptr_t>(put);
+      bytes -= static_cast<std::size_t>(put);
+      continue;
+    }
+    const int error = put < 0 ? errno : EIO;
+    if (error == EINTR) continue;
+    watchdog().fail_transport(rank,
+                              detail::concat("writing its memory in one copy (process_vm_writev) failed: ",
+                                             std::strerror(error), " (ZCOLL_SHM_SINGLE_COPY=0 copies through "
+                                             "the shared window instead)"),
+                              !peer_alive(rank));
+  }
+}
+
+// Whether every rank may also write every other rank's memory: each writes the word it read in
+// probe_peer_reads() back unchanged (the same value, so a concurrent reader sees no change), and
+// the ranks agree. A kernel may allow reads and refuse writes (a seccomp filter naming one
+// call); then the single copy gathers with reads as before. Collective over comm_.
+bool MpiTransport::probe_peer_writes() {
+  bool ok = true;
+  for (int r = 0; r < size_ && ok; ++r) {
+    if (r == rank_) continue;
+    std::uint64_t word = static_cast<std::uint64_t>(pids_[static_cast<std::size_t>(r)]);
+    iovec from{&word, sizeof(word)};
+    iovec to{reinterpret_cast<void*>(static_cast<std::uintptr_t>(arena_.posted(r, 3))), sizeof(word)};
+    ok = process_vm_writev(static_cast<pid_t>(pids_[static_cast<std::size_t>(r)]), &from, 1, &to, 1, 0) ==
+         static_cast<ssize_t>(sizeof(word));
+  }
+  int all = ok ? 1 : 0;
+  ZCOLL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_));
+  return all == 1;
+}
+
 // Whether every rank may read every other rank of the node's memory: each rank posts the
 // address of a word holding its pid in its arena flag slot 3, reads every other rank's, and
 // the ranks agree (an allreduce), so that all of them take the same path. Collective over comm_.
@@ -454,7 +497,10 @@ SharedArena* MpiTransport::arena() {
   std::memset(arena_.data(rank_), 0, data_bytes);
   ZCOLL_MPI_CHECK(MPI_Barrier(comm_));
   touch_pages(arena_, data_bytes);
-  if (probe_peer_reads()) arena_.peer_memory = this;
+  if (probe_peer_reads()) {
+    arena_.peer_memory = this;
+    arena_.peer_writes = probe_peer_writes();
+  }
   return &arena_;
 }
 

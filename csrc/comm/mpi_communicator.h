@@ -69,8 +69,9 @@ class MpiTransport final : public Transport,
   // SharedMemory; the arena offers this transport as its PeerMemory where the kernel lets the
   // node's ranks read each other's memory and ZCOLL_SHM_SINGLE_COPY is unset or 1.
   SharedArena* arena() override;
-  // PeerMemory: process_vm_readv
+  // PeerMemory: process_vm_readv / process_vm_writev
   void read(int rank, const void* remote, void* local, std::size_t bytes) override;
+  void write(int rank, void* remote, const void* local, std::size_t bytes) override;
 
   // Where the ranks are, found at creation (see the file's comment): a node label per rank,
   // whether the ranks on this machine outnumber its cores, the id every rank agreed on.
@@ -97,6 +98,7 @@ class MpiTransport final : public Transport,
   static void settle(Request& request, MPI_Request r);  // the handle MPI_Test/MPI_Wait left
   bool same_machine(int peer) const;
   bool probe_peer_reads();  // collective: whether every rank can read every other's memory
+  bool probe_peer_writes();  // collective: whether every rank can also write every other's
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)

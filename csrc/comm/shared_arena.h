@@ -31,6 +31,9 @@ class PeerMemory {
   // Copies `bytes` from `remote`, an address in rank `rank`'s address space, to `local`.
   // Throws when the read fails (RankLostError through the watchdog when the peer is gone).
   virtual void read(int rank, const void* remote, void* local, std::size_t bytes) = 0;
+  // Copies `bytes` from `local` to `remote`, an address in rank `rank`'s address space. Called
+  // only where SharedArena::peer_writes says the kernel allows it; throws like read().
+  virtual void write(int rank, void* remote, const void* local, std::size_t bytes) = 0;
 };
 
 struct SharedArena {
@@ -45,6 +48,9 @@ struct SharedArena {
   // Cross-memory reads between the node's ranks, or null where the kernel refuses them; set
   // alike on every rank. Calls of at least single_copy_bytes use them.
   PeerMemory* peer_memory = nullptr;
+  // Whether peer_memory may also write into other ranks' memory (process_vm_writev can be refused
+  // where reads are allowed); set alike on every rank.
+  bool peer_writes = false;
   std::size_t single_copy_bytes = 1024 * 1024;  // at 256 KiB the staged copy was faster (34 vs 56 us, 2 ranks)
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }

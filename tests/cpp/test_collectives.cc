@@ -47,18 +47,27 @@ TEST(allreduce, shm_single_copy) {
   o.single_copy_bytes = 1;
   allreduce_on_every_size(Algorithm::kShm, o);
 }
+// The same where the transport reads but does not write other ranks' memory: results gathered.
+TEST(allreduce, shm_single_copy_gathered) {
+  zcoll::InProcOptions o = ztest::test_options();
+  o.single_copy_bytes = 1;
+  o.peer_writes = false;
+  allreduce_on_every_size(Algorithm::kShm, o);
+}
 // auto picks shm when the transport offers shared memory, else among the message algorithms.
 TEST(allreduce, auto_with_shared_memory) { allreduce_on_every_size(Algorithm::kAuto); }
 TEST(allreduce, auto_without_shared_memory) { allreduce_on_every_size(Algorithm::kAuto, without_arena()); }
 
 // The single copy reduces in the staged path's order, so random floats (whose sum depends on the
-// order) give the same bits through both, in place and not, sum and avg.
+// order) give the same bits through all three (staged; single copy writing peers; single copy
+// gathering), in place and not, sum and avg.
 TEST(allreduce, shm_single_copy_same_bits_as_staged) {
   for (int p = 2; p <= 5; ++p) {
-    std::vector<std::vector<float>> got[2];
-    for (int single = 0; single < 2; ++single) {
+    std::vector<std::vector<float>> got[3];
+    for (int single = 0; single < 3; ++single) {
       zcoll::InProcOptions o = ztest::test_options();
-      o.peer_memory = single == 1;
+      o.peer_memory = single != 0;
+      o.peer_writes = single == 1;
       o.single_copy_bytes = 1;
       got[single].assign(static_cast<std::size_t>(p), {});
       ON_RANKS(p, o, [&](zcoll::Communicator& comm) {
@@ -78,8 +87,10 @@ TEST(allreduce, shm_single_copy_same_bits_as_staged) {
     ztest::Context ctx(ztest::str("p=", p));
     for (int r = 0; r < p; ++r) {
       const auto& a = got[0][static_cast<std::size_t>(r)];
-      const auto& b = got[1][static_cast<std::size_t>(r)];
-      CHECK(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      for (int single = 1; single < 3; ++single) {
+        const auto& b = got[single][static_cast<std::size_t>(r)];
+        CHECK(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      }
     }
   }
 }

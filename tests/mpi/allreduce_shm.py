@@ -1,5 +1,6 @@
 """The shm allreduce from 1 MiB, where it reads the other ranks' buffers in one copy
-(process_vm_readv; csrc/collectives/allreduce_shm.cc), against numpy, at any world size.
+(process_vm_readv) and writes its results into theirs (process_vm_writev;
+csrc/collectives/allreduce_shm.cc), against numpy, at any world size.
 
     PYTHONPATH=tests mpirun -n P python -m mpi4py tests/mpi/allreduce_shm.py [case ...]
     ZCOLL_SHM_SINGLE_COPY=0 ...     the same cases through the staged path
@@ -136,16 +137,25 @@ def case_streamed_results(ck: Checks):
 
 
 def case_single_copy_ran(ck: Checks):
-    """The bytes read from other ranks: (p-1) x my share for the reduction, the others' shares
-    for the gather; none through the staged path (or below 256 KiB)."""
+    """The bytes moved between ranks' memories: (p-1) x my share read for the reduction; then
+    either the same written into the others' `out` (where the kernel allows process_vm_writev)
+    or the others' shares read for the gather; nothing through the staged path (below 1 MiB)."""
     count = counts("float32")[0]
     mine = count * (RANK + 1) // P - count * RANK // P
-    for n, expect in ((1000, 0), (count, 4 * ((P - 1) * mine + count - mine) if P > 1 else 0)):
-        before = comm.stats()["bytes_read_from_peers"]
+    for n in (1000, count):
+        before = comm.stats()
         comm.allreduce(np.ones(n, np.float32), algorithm="shm")
-        got = comm.stats()["bytes_read_from_peers"] - before
-        want = expect if single_copy_expected() else 0
-        ck.check(got == want, f"bytes read from peers, count={n}", f"{got}, expected {want}")
+        after = comm.stats()
+        got = [after[k] - before[k] for k in ("bytes_read_from_peers", "bytes_written_to_peers")]
+        single = single_copy_expected() and P > 1 and n == count
+        writes = single and got[1] > 0
+        want = [
+            4 * ((P - 1) * mine + (0 if writes else count - mine)) if single else 0,
+            4 * (P - 1) * mine if writes else 0,
+        ]
+        ck.check(got == want, f"bytes read from / written to peers, count={n}", f"{got}, expected {want}")
+        if single:  # the kernel checks writes as it checks reads (ptrace access): both or neither
+            ck.check(writes, "single copy writes into the others' out", f"bytes written {got[1]}")
 
 
 def case_sizes_around_the_threshold(ck: Checks):
