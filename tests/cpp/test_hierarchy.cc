@@ -177,6 +177,26 @@ TEST(topology, slow_link_avoided) {
   CHECK_THROWS(zcoll::best_ring_order(std::vector<double>(15, 1e9), 4), std::invalid_argument);
 }
 
+// The node/link bandwidth ratio rule 6 reads: medians of each tier, so one slow pair does not
+// move it; 0 (unknown) where a tier has no pair.
+TEST(topology, node_link_ratio) {
+  const int p = 4;
+  const std::vector<int> two_nodes = {0, 0, 1, 1};
+  std::vector<double> bw(static_cast<std::size_t>(p) * p, 0.0);
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j) bw[static_cast<std::size_t>(i) * p + j] = two_nodes[i] == two_nodes[j] ? 20e9 : 12.5e9;
+  CHECK(std::fabs(zcoll::node_link_ratio(bw, p, two_nodes) - 1.6) < 1e-12);
+  bw[0 * p + 2] = 1e9;  // one slow pair of 8 across: the median stays 12.5 GB/s
+  CHECK(std::fabs(zcoll::node_link_ratio(bw, p, two_nodes) - 1.6) < 1e-12);
+  bw[0 * p + 1] = 60e9;  // within: 60, 20, 20, 20 -> median 20
+  CHECK(std::fabs(zcoll::node_link_ratio(bw, p, two_nodes) - 1.6) < 1e-12);
+  bw[1 * p + 0] = 60e9;  // 60, 60, 20, 20 -> median 40
+  CHECK(std::fabs(zcoll::node_link_ratio(bw, p, two_nodes) - 3.2) < 1e-12);
+  CHECK_EQ(zcoll::node_link_ratio(bw, p, {0, 1, 2, 3}), 0.0);  // no pair within a node
+  CHECK_EQ(zcoll::node_link_ratio(bw, p, {0, 0, 0, 0}), 0.0);  // no pair across
+  CHECK_THROWS(zcoll::node_link_ratio(bw, p, {0, 0, 1}), std::invalid_argument);
+}
+
 TEST(ordered_ring, every_case_with_a_topology) {
   for (int p = 1; p <= 8; ++p) {
     zcoll::InProcOptions o = ztest::test_options();
