@@ -53,10 +53,6 @@ QUICK = ALGORITHMS[:5]  # the CI smoke test: no probe file
 # capabilities the communicator found there (its nodes, the probe's ring gain and node/link ratio)
 PROBED = ("ordered_ring", "auto")
 AUTO_MPI = "mpich"  # MPI_Allreduce in auto's runs: the selector auto_time counts as "mpi"
-# Up to rule 4's 64 KiB auto's choice depends on MPI's own allreduce being offered, which the
-# simulation withholds: its communicator counts this host's cores, so 8 simulated ranks per node
-# are oversubscribed. There the table times the choice for a real cluster, not the simulated row.
-SIM_AUTO_ABOVE = 64 * 1024
 SELECTORS = ["mpich", "ompi", "default"]
 CLUSTERS = ["fattree", "fattree_2to1", "dragonfly"]
 STARS = ["star_slow_node", "star_slow_link"]
@@ -550,8 +546,8 @@ def model2_us(algorithm: str, size: int, ranks: int, platform: str, per_node: in
 def auto_rows(table: dict, per_node: int) -> list:
     """One row per cell: best algorithm; auto's choice without a probe and its time over the
     best; auto's choice with the platform's probe (ZCOLL_TOPOLOGY) and its time over the best,
-    that time the simulated `auto` row's where one ran above SIM_AUTO_ABOVE (auto resolved
-    inside the simulation, flagged "sim"), else its choice's; the best MPI selector over the best."""
+    that time the simulated `auto` row's where one ran (auto resolved inside the simulation,
+    flagged "sim"), else its choice's; the best MPI selector over the best."""
     out = []
     for (platform, ranks), cell in sorted(table.items()):
         zc = {a: t for a, t in cell.items() if not a.startswith("mpi:") and a != "auto"}
@@ -563,7 +559,7 @@ def auto_rows(table: dict, per_node: int) -> list:
             choice = auto_choice(size, ranks, per_node)
             t = auto_time(cell, choice, size)
             probed = auto_choice(size, ranks, per_node, platform, probe=True)
-            simulated = cell.get("auto", {}).get(size) if size > SIM_AUTO_ABOVE else None
+            simulated = cell.get("auto", {}).get(size)
             tp = simulated or auto_time(cell, probed, size)
             mpis = {a: cell[a][size] for a in cell if a.startswith("mpi:") and size in cell[a]}
             best_mpi = min(mpis.values()) if mpis else float("nan")

@@ -260,7 +260,11 @@ MpiTransport::MpiTransport(MPI_Comm parent) {
   node_labels_ = std::move(placement.node_labels);
   world_ranks_ = std::move(placement.world_ranks);
   machine_ranks_ = placement.machine_ranks;
-  oversubscribed_ = machine_ranks_ > cpus_available(machine_ranks_);
+  // Under SMPI every simulated rank is a thread of one host process, so this host's cores say
+  // nothing about the simulated machine: the platform files give each host `core="8"` and the
+  // hostfile puts at most that many ranks on it (node-N:8), so a simulated node is never
+  // oversubscribed, and auto and the wait policy there choose as on the cluster it models.
+  oversubscribed_ = !ZCOLL_WITH_SMPI && machine_ranks_ > cpus_available(machine_ranks_);
   wait_policy_ = choose_wait_policy(oversubscribed_);
   shm_allowed_ = env::get_bool(env::Var::kShm);
   // MPI_Win_allocate_shared needs every rank in MPI's own shared-memory domain; ZCOLL_NODE_ID can
