@@ -1,7 +1,9 @@
-"""The shm allreduce's single copy (csrc/collectives/allreduce_shm.cc: other ranks' buffers read
-with process_vm_readv from 256 KiB) under a real mpirun on 2, 3 and 4 ranks, against numpy,
-and the staged path it falls back to (ZCOLL_SHM_SINGLE_COPY=0) on the same cases. The cases
-live in tests/mpi/allreduce_shm.py; every launch has a timeout."""
+"""The shm allreduce's single copy (csrc/collectives/allreduce_shm.cc: from 1 MiB other ranks'
+buffers read with process_vm_readv, results written into theirs with process_vm_writev) under a
+real mpirun on 2, 3 and 4 ranks, against numpy, and the staged path it falls back to
+(ZCOLL_SHM_SINGLE_COPY=0) on the same cases. The gather used where writes are refused is tested
+in tests/cpp (allreduce.shm_single_copy_gathered). The cases live in tests/mpi/allreduce_shm.py;
+every launch has a timeout."""
 
 from __future__ import annotations
 
