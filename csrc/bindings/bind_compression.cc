@@ -125,21 +125,25 @@ void bind_compression(py::module_& m) {
   m.def(
       "topk",
       [](std::uintptr_t x, std::size_t n, std::size_t k, std::uintptr_t idx, std::uintptr_t val,
-         const std::string& method, std::uint64_t seed, const std::string& impl) {
+         const std::string& method, std::uint64_t seed, const std::string& impl, std::size_t sample) {
         topk(ptr<const float>(x), n, k, ptr<std::uint32_t>(idx), ptr<float>(val), parse_method(method), seed,
-             parse_kernel_impl(impl));
+             parse_kernel_impl(impl), sample);
       },
       py::arg("x"), py::arg("n"), py::arg("k"), py::arg("idx"), py::arg("val"), py::arg("method") = "sampled",
-      py::arg("seed") = 0, py::arg("impl") = "dispatch", release);
+      py::arg("seed") = 0, py::arg("impl") = "dispatch", py::arg("sample") = 0, release);
   m.def(
       "topk_ef",
       [](std::uintptr_t g, std::uintptr_t e, std::size_t n, std::size_t k, std::uintptr_t idx,
-         std::uintptr_t val, const std::string& method, std::uint64_t seed, const std::string& impl) {
+         std::uintptr_t val, const std::string& method, std::uint64_t seed, const std::string& impl,
+         std::size_t sample) {
         topk_ef(ptr<const float>(g), ptr<float>(e), n, k, ptr<std::uint32_t>(idx), ptr<float>(val),
-                parse_method(method), seed, parse_kernel_impl(impl));
+                parse_method(method), seed, parse_kernel_impl(impl), sample);
       },
       py::arg("g"), py::arg("e"), py::arg("n"), py::arg("k"), py::arg("idx"), py::arg("val"),
-      py::arg("method") = "sampled", py::arg("seed") = 0, py::arg("impl") = "dispatch", release);
+      py::arg("method") = "sampled", py::arg("seed") = 0, py::arg("impl") = "dispatch", py::arg("sample") = 0,
+      release);
+  // The sample a segment of n elements of a tensor of `total` takes in the public top-k path.
+  m.def("topk_sample_share", &topk_sample_share, py::arg("total"), py::arg("n"));
   m.def(
       "topk_threshold",
       [](std::uintptr_t x, std::size_t n, std::size_t k, std::uint64_t seed) {

@@ -579,10 +579,10 @@ def test_layout_helpers():
 # ---- sparsifiers ------------------------------------------------------------------------------------------
 
 
-def topk(x, k, method="sampled", seed=0, impl="dispatch"):
+def topk(x, k, method="sampled", seed=0, impl="dispatch", sample=0):
     idx = np.full(k, 0xFFFFFFFF, np.uint32)
     val = np.full(k, np.nan, np.float32)
-    C.topk(addr(x), x.size, k, addr(idx), addr(val), method=method, seed=seed, impl=impl)
+    C.topk(addr(x), x.size, k, addr(idx), addr(val), method=method, seed=seed, impl=impl, sample=sample)
     return idx, val
 
 
@@ -720,12 +720,18 @@ def test_topk_sampled_exact_pairs_many_inputs(n, k):
     """320 different inputs per shape, segment-sized and layered, ties and outliers included: the
     sampled method returns exactly the pairs of the exact one (the order of |x| bit patterns, ties
     by lower index), whatever the candidates' histogram and compaction took as a shortcut."""
+    # The public path's segments sample their share of the tensor's sample (256 positions for a
+    # 32 K segment of 1 MiB): fewer positions, a deeper threshold, more retries; the same pairs.
+    share = C.topk_sample_share(8 * n, n)
+    whole = min(65536, max(512, 8 * n // 128))  # topk_sample_size of the whole tensor
+    assert share == min(max(256, whole // 8), max(512, n // 128))
     for seed in range(320):
         x = candidate_shapes(n, seed)
         want = np_topk(x, k)
-        idx, val = topk(x, k, "sampled", seed=seed)
-        assert np.array_equal(idx, want), seed
-        assert bits_equal(val, x[idx]), seed
+        for sample in (0, share):
+            idx, val = topk(x, k, "sampled", seed=seed, sample=sample)
+            assert np.array_equal(idx, want), (seed, sample)
+            assert bits_equal(val, x[idx]), (seed, sample)
 
 
 def test_topk_threshold_estimate():
