@@ -81,10 +81,27 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
       .def(
           "_set_topology",
           [](CommHandle& c, const std::vector<std::vector<double>>& bandwidth) {
-            c.comm().set_topology(bandwidth.empty() ? Topology{} : topology_from_bandwidth(flatten(bandwidth), c.comm().size()));
+            if (bandwidth.empty()) {
+              c.comm().set_topology(Topology{});
+              return;
+            }
+            const int p = c.comm().size();
+            const std::vector<double> bw = flatten(bandwidth);
+            Topology t = topology_from_bandwidth(bw, p);
+            // The node map is this communicator's (ZCOLL_NODE_ID or MPI's), so the ratio of rule 6
+            // is known here as it is from ZCOLL_TOPOLOGY.
+            std::vector<int> node_of(p);
+            for (int r = 0; r < p; ++r) node_of[r] = c.comm().node_of(r);
+            t.node_link_ratio = node_link_ratio(bw, p, node_of);
+            c.comm().set_topology(std::move(t));
           },
           py::arg("bandwidth"),
           "Sets the link bandwidths (a size x size matrix of bytes/s, row sends to column; [] clears).")
+      .def_property_readonly(
+          "node_link_ratio", [](CommHandle& c) { return c.comm().topology().node_link_ratio; },
+          "Median bandwidth within a node over the median across nodes, from the topology (auto's rule 6 "
+          "keeps hierarchical on 2 nodes only while it is 0 or >= 2); 0.0 when not known (no topology, one "
+          "node, or every rank on its own node).")
       .def_property_readonly(
           "ring_order", [](CommHandle& c) { return c.comm().topology().ring; },
           "The ring order of algorithm 'ordered_ring' (ring[k] sends to ring[k+1]); [] without a topology.")

@@ -116,6 +116,42 @@ def test_auto_reads_the_probes_node_link_ratio(tmp_path, within, want):
     job.check("node_link_ratio", min_checks=2)
 
 
+SET_TOPOLOGY_RATIO = """
+import json, os, sys
+import numpy as np
+import zcoll
+within = float(sys.argv[1])
+comm = zcoll.Communicator()
+node_of = [comm.node_of(r) for r in range(comm.size)]
+bw = [[0.0 if i == j else within if node_of[i] == node_of[j] else 1e9 for j in range(4)] for i in range(4)]
+before = comm.node_link_ratio
+comm.set_topology(bw)
+ratio = comm.node_link_ratio
+x = np.ones(1 << 18, np.float32)  # 1 MiB: above MPI's and recursive doubling's ranges
+ok = np.array_equal(comm.allreduce(x), np.full_like(x, comm.size))
+path = comm.dump("test_set_topology_node_link_ratio")
+with open(path) as f:
+    ran = json.load(f)["calls"][-1]["algorithm"]
+os.unlink(path)
+comm.set_topology(None)
+print(f"rank {comm.rank}: nodes={comm.node_count} before={before} ratio={ratio} ran={ran} ok={ok} "
+      f"cleared={comm.node_link_ratio}", flush=True)
+comm.free()
+"""
+
+
+@pytest.mark.parametrize("within, want", [(1.6e9, "ring"), (8e9, "hierarchical")])
+def test_set_topology_fills_node_link_ratio(within, want):
+    """2 nodes x 2 ranks (ZCOLL_NODE_ID) and Communicator.set_topology with `within` bytes/s inside
+    a node and 1 GB/s across: every rank reads node_link_ratio = within / 1e9 (0 before and after
+    clearing) and auto at 1 MiB follows rule 6 (the ring below 2, hierarchical from 2)."""
+    argv = LAUNCHERS["2+2 blocked"]([sys.executable, "-c", SET_TOPOLOGY_RATIO, str(within)])
+    rc, out = run(argv, env=ENV, timeout=120)
+    assert rc == 0, out
+    want_line = f"nodes=2 before=0.0 ratio={within / 1e9} ran={want} ok=True cleared=0.0"
+    assert sum(f"rank {r}: {want_line}" in out for r in range(4)) == 4, out
+
+
 def test_topology_of_another_placement_refused(tmp_path):
     """A probe whose nodes are not this job's: every rank refuses to create a communicator."""
     probe = write_probe(tmp_path / "probe.json", [0, 0, 1, 1])

@@ -211,7 +211,9 @@ class Communicator(_C.Comm):
         order kept is the one whose slowest hop is fastest (``ring_order``, from rank 0), the
         criterion of ``zcoll._C.best_ring_order(matrix)``; ``ring_gain`` says how much faster that hop is than
         rank order's slowest. ``auto`` runs the ordered ring when ring_gain >= 1.25 and no other
-        rule applies first. Every rank must pass the same matrix (with check=True or ZCOLL_CHECK=1
+        rule applies first. ``node_link_ratio`` is the median bandwidth within a node over that
+        across nodes (this communicator's node map; 0.0 when not known): on 2 nodes ``auto`` keeps
+        ``hierarchical`` only while it is 0.0 or >= 2. Every rank must pass the same matrix (with check=True or ZCOLL_CHECK=1
         an ``ordered_ring`` call on ranks that disagree raises MismatchError on every rank).
         The matrix is indexed by this communicator's ranks: a probe of another communicator (or
         another placement) describes other links.
