@@ -13,8 +13,9 @@ Rows (every rate in GB/s of float32 input, GB = 1e9 B; x memcpy = the same size'
   top-1% compress   kernel: _C.topk (sampled) of the whole tensor, k = 1% (the global top-k);
                     public: t.compress(x, out=p) and t.compress(x): the blockwise top-k of
                     TopK.segments(n), each segment's own sampled selection
-  top-1% compress,  kernel: _C.topk (sampled) of each of TopK.segments(n) in turn: the work the
-    S segments     public path runs, so public/kernel is its call path's cost alone
+  top-1% compress,  kernel: _C.topk (sampled) of each of TopK.segments(n) in turn, each sampling
+    S segments     _C.topk_sample_share(n, len) positions: the work the public path runs, so
+                    public/kernel is its call path's cost alone
   top-1% decompress kernel: zero-fill + _C.scatter_add of the pairs;
                     public: t.decompress(p, out=y) and t.decompress(p)
   + error feedback  (--ef) int8 with a key: _C.quantize_ef against q.compress(x, key=..., out=p)
@@ -162,11 +163,21 @@ def topk_rows(x: np.ndarray, seed: int) -> list:
     segments = t.segments(n)
     seg_idx, seg_val = np.empty(pi.size, np.uint32), np.empty(pv.size, np.float32)
 
+    # Each segment samples its share of the whole tensor's sample, as the public path does.
+    shares = [_C.topk_sample_share(n, e - b) for b, e, _ in segments]
+
     def kernel_segments():  # the selections the public path runs: the same kernel, segment by segment
         at = 0
-        for b, e, kj in segments:
+        for (b, e, kj), share in zip(segments, shares):
             _C.topk(
-                addr(x) + 4 * b, e - b, kj, addr(seg_idx) + 4 * at, addr(seg_val) + 4 * at, "sampled", seed
+                addr(x) + 4 * b,
+                e - b,
+                kj,
+                addr(seg_idx) + 4 * at,
+                addr(seg_val) + 4 * at,
+                "sampled",
+                seed,
+                sample=share,
             )
             at += kj
 
