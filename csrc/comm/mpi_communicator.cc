@@ -372,57 +372,50 @@ void touch_pages(const SharedArena& arena, std::size_t bytes) {
   }
   static_cast<void>(sum);
 }
+
+// One copy between this process and a peer's memory (process_vm_readv, or process_vm_writev when
+// `to_peer`), looping over partial transfers and retrying EINTR; 0, or the errno that stopped it.
+int copy_with_peer(pid_t pid, void* local, void* remote, std::size_t bytes, bool to_peer) {
+  auto here = reinterpret_cast<std::uintptr_t>(local), there = reinterpret_cast<std::uintptr_t>(remote);
+  while (bytes > 0) {
+    iovec mine{reinterpret_cast<void*>(here), bytes}, theirs{reinterpret_cast<void*>(there), bytes};
+    const ssize_t moved = to_peer ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
+                                  : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+    if (moved > 0) {
+      here += static_cast<std::uintptr_t>(moved);
+      there += static_cast<std::uintptr_t>(moved);
+      bytes -= static_cast<std::size_t>(moved);
+      continue;
+    }
+    const int error = moved < 0 ? errno : EIO;
+    if (error != EINTR) return error;
+  }
+  return 0;
+}
 }  // namespace
 
-// Cross-memory attach for the shm algorithm's single copy (shared_arena.h, PeerMemory):
-// process_vm_readv from a peer's pid, looping over partial reads. The kernel allows it between
-// one user's processes unless Yama's ptrace_scope (>= 1) or a seccomp filter (some container
-// runtimes) forbids it, which arena() finds out once.
+// Cross-memory attach for the shm algorithm's single copy (shared_arena.h, PeerMemory): reads of
+// a peer's `in` and writes of reduced pieces into its `out`. The kernel allows it between one
+// user's processes unless Yama's ptrace_scope (>= 1) or a seccomp filter (some container runtimes)
+// forbids it, which arena() finds out once.
 void MpiTransport::read(int rank, const void* remote, void* local, std::size_t bytes) {
-  auto* dst = static_cast<unsigned char*>(local);
-  auto src = reinterpret_cast<std::uintptr_t>(remote);
-  const auto pid = static_cast<pid_t>(pids_[static_cast<std::size_t>(rank)]);
-  while (bytes > 0) {
-    iovec to{dst, bytes}, from{reinterpret_cast<void*>(src), bytes};
-    const ssize_t got = process_vm_readv(pid, &to, 1, &from, 1, 0);
-    if (got > 0) {
-      dst += got;
-      src += static_cast<std::uintptr_t>(got);
-      bytes -= static_cast<std::size_t>(got);
-      continue;
-    }
-    const int error = got < 0 ? errno : EIO;
-    if (error == EINTR) continue;
-    watchdog().fail_transport(rank,
-                              detail::concat("reading its memory in one copy (process_vm_readv) failed: ",
-                                             std::strerror(error), " (ZCOLL_SHM_SINGLE_COPY=0 copies through "
-                                             "the shared window instead)"),
-                              !peer_alive(rank));
-  }
+  copy_with_peer_or_fail(rank, local, const_cast<void*>(remote), bytes, false);
 }
 
-// The single copy's writes into a peer's `out`, as read() above with process_vm_writev.
 void MpiTransport::write(int rank, void* remote, const void* local, std::size_t bytes) {
-  const auto* src = static_cast<const unsigned char*>(local);
-  auto dst = reinterpret_cast<std::uintptr_t>(remote);
-  const auto pid = static_cast<pid_t>(pids_[static_cast<std::size_t>(rank)]);
-  while (bytes > 0) {
-    iovec from{const_cast<unsigned char*>(src), bytes}, to{reinterpret_cast<void*>(dst), bytes};
-    const ssize_t put = process_vm_writev(pid, &from, 1, &to, 1, 0);
-    if (put > 0) {
-      src += put;
-      dst += static_cast<std::uintptr_t>(put);
-      bytes -= static_cast<std::size_t>(put);
-      continue;
-    }
-    const int error = put < 0 ? errno : EIO;
-    if (error == EINTR) continue;
-    watchdog().fail_transport(rank,
-                              detail::concat("writing its memory in one copy (process_vm_writev) failed: ",
-                                             std::strerror(error), " (ZCOLL_SHM_SINGLE_COPY=0 copies through "
-                                             "the shared window instead)"),
-                              !peer_alive(rank));
-  }
+  copy_with_peer_or_fail(rank, const_cast<void*>(local), remote, bytes, true);
+}
+
+void MpiTransport::copy_with_peer_or_fail(int rank, void* local, void* remote, std::size_t bytes, bool to_peer) {
+  const int error = copy_with_peer(static_cast<pid_t>(pids_[static_cast<std::size_t>(rank)]), local, remote, bytes,
+                                   to_peer);
+  if (error == 0) return;
+  watchdog().fail_transport(rank,
+                            detail::concat(to_peer ? "writing" : "reading", " its memory in one copy (",
+                                           to_peer ? "process_vm_writev" : "process_vm_readv", ") failed: ",
+                                           std::strerror(error),
+                                           " (ZCOLL_SHM_SINGLE_COPY=0 copies through the shared window instead)"),
+                            !peer_alive(rank));
 }
 
 // Whether every rank may also write every other rank's memory: each writes the word it read in

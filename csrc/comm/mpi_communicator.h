@@ -99,6 +99,8 @@ class MpiTransport final : public Transport,
   bool same_machine(int peer) const;
   bool probe_peer_reads();  // collective: whether every rank can read every other's memory
   bool probe_peer_writes();  // collective: whether every rank can also write every other's
+  // read() and write(): one copy with `rank`'s memory; a refusal is the watchdog's failure naming it.
+  void copy_with_peer_or_fail(int rank, void* local, void* remote, std::size_t bytes, bool to_peer);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm oob_ = MPI_COMM_NULL;  // failure announcements (watchdog)
