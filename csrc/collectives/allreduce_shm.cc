@@ -26,7 +26,7 @@
 //          beyond the reduction itself, against about 4 S for a ring over MPI messages. As a model, with
 //          alpha a flag synchronisation and beta a byte copied through memory:
 //          3 alpha + 2 S beta + (p-1)/p S gamma.
-// Single copy, for calls of at least SharedArena::single_copy_bytes (1 MiB) where the
+// Single copy, for calls of at least SharedArena::single_copy_bytes (256 KiB) where the
 // transport lets ranks read each other's memory (SharedArena::peer_memory; process_vm_readv over
 // MPI), in one iteration whatever the size:
 //          0. post the addresses of `in` and `out` (flag slots), publish STAGED = s;

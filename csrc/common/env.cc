@@ -38,7 +38,7 @@ constexpr Spec kSpecs[] = {
      "shared memory per rank for the shm algorithm"},
     {Var::kShmSingleCopy, "ZCOLL_SHM_SINGLE_COPY", Kind::kBool, "1", "", 0, 0,
      "shm reads other ranks' buffers and writes their results in one copy (process_vm_readv, "
-     "process_vm_writev) from 1 MiB, where the kernel allows it (0: always copy through the shared window)"},
+     "process_vm_writev) from 256 KiB, where the kernel allows it (0: always copy through the shared window)"},
     {Var::kRestart, "ZCOLL_RESTART", Kind::kInt, "0", "", 0, 1000000,
      "set by `zcoll run`: 0 on the first launch, k on the k-th restart"},
     {Var::kCheckpointDir, "ZCOLL_CHECKPOINT_DIR", Kind::kString, "", "", 0, 4096,

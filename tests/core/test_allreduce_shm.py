@@ -1,4 +1,4 @@
-"""The shm allreduce's single copy (csrc/collectives/allreduce_shm.cc: from 1 MiB other ranks'
+"""The shm allreduce's single copy (csrc/collectives/allreduce_shm.cc: from 256 KiB other ranks'
 buffers read with process_vm_readv, results written into theirs with process_vm_writev) under a
 real mpirun on 2, 3 and 4 ranks, against numpy, and the staged path it falls back to
 (ZCOLL_SHM_SINGLE_COPY=0) on the same cases. The gather used where writes are refused is tested

@@ -1,4 +1,4 @@
-"""The shm allreduce from 1 MiB, where it reads the other ranks' buffers in one copy
+"""The shm allreduce from 256 KiB, where it reads the other ranks' buffers in one copy
 (process_vm_readv) and writes its results into theirs (process_vm_writev;
 csrc/collectives/allreduce_shm.cc), against numpy, at any world size.
 
@@ -35,7 +35,7 @@ from numerics import (
 
 comm = zcoll.Communicator()
 P, RANK = WORLD.size, WORLD.rank
-THRESHOLD = 1024 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
+THRESHOLD = 256 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
 STREAM = 8 * 1024 * 1024  # from here the results are stored non-temporally (kStreamBytes)
 CASES = [
     ("float32", "sum"),
@@ -139,7 +139,7 @@ def case_streamed_results(ck: Checks):
 def case_single_copy_ran(ck: Checks):
     """The bytes moved between ranks' memories: (p-1) x my share read for the reduction; then
     either the same written into the others' `out` (where the kernel allows process_vm_writev)
-    or the others' shares read for the gather; nothing through the staged path (below 1 MiB)."""
+    or the others' shares read for the gather; nothing through the staged path (below 256 KiB)."""
     count = counts("float32")[0]
     mine = count * (RANK + 1) // P - count * RANK // P
     for n in (1000, count):
@@ -159,7 +159,7 @@ def case_single_copy_ran(ck: Checks):
 
 
 def case_sizes_around_the_threshold(ck: Checks):
-    """Both sides of 1 MiB one after the other: the staged and single-copy calls share the
+    """Both sides of 256 KiB one after the other: the staged and single-copy calls share the
     arena's flags and sequence."""
     for count in (THRESHOLD // 4 - 1, THRESHOLD // 4, 1000, THRESHOLD // 4 + 7, 3 * THRESHOLD // 4 + 1):
         check_call(ck, "float32", "avg", count, "out", "shm")
