@@ -266,7 +266,12 @@ def plan(args, platform: str, ranks: int) -> list:
         missing = [s for s in sizes if (platform, ranks, name, s) not in have]
         if not missing:
             continue
-        spans = [(s, s) for s in missing] if ranks >= args.split_from else [(min(missing), max(missing))]
+        if ranks >= args.split_from:
+            spans = [(s, s) for s in missing]
+        elif algo == "auto":  # one run per stretch of sizes with the same companion selector
+            spans = companion_spans(args, platform, ranks, missing)
+        else:
+            spans = [(min(missing), max(missing))]
         jobs += [(name, algo, selector, span) for span in spans]
     if ranks >= args.split_from:  # every kind's small sizes before any kind's large ones
         return sorted(jobs, key=lambda j: j[3][0])
@@ -279,6 +284,29 @@ def plan(args, platform: str, ranks: int) -> list:
     return jobs
 
 
+def auto_companion(args, platform: str, ranks: int, size: int) -> str:
+    """The SMPI selector of the "mpi" row in auto's run at this size. The run's MPI_Allreduce
+    selector moves the other rows' simulated times too (its set-up allreduces and its row run
+    in the same simulation: halving-doubling at 64 ranks x 4 KiB on `dragonfly` takes 16.77 us
+    beside `rdb` and 19.02 us beside `mpich`), so auto runs beside the selector the algorithms'
+    own runs had (--reference), and beside MPICH's only where it picks MPI's allreduce (rule 4),
+    which the table times as `mpi:mpich`."""
+    choice = auto_choice(size, ranks, args.per_node, platform, probe=True)
+    return AUTO_MPI if choice == "mpi" else args.reference
+
+
+def companion_spans(args, platform: str, ranks: int, sizes: list) -> list:
+    """(min, max) runs of consecutive sizes that share auto_companion."""
+    spans: list = []
+    for size in sorted(sizes):
+        companion = auto_companion(args, platform, ranks, size)
+        if spans and spans[-1][2] == companion:
+            spans[-1][1] = size
+        else:
+            spans.append([size, size, companion])
+    return [(lo, hi) for lo, hi, _ in spans]
+
+
 def run_job(args, platform: str, ranks: int, job: tuple) -> str:
     name, algos, selector, span = job
     env = {}
@@ -286,8 +314,9 @@ def run_job(args, platform: str, ranks: int, job: tuple) -> str:
         env["ZCOLL_TOPOLOGY"] = str(topology_file(Path(args.work), platform, ranks, args.per_node))
     # zcoll_allreduce_perf always adds an "mpi" row: in zcoll's runs it is the cheapest selector
     # to simulate (--reference), and dropped
-    # except in auto's runs, where it is what rule 4 picks, timed as the table times "mpi" (MPICH's)
-    cfg = [f"--cfg=smpi/allreduce:{selector or (AUTO_MPI if algos == 'auto' else args.reference)}"]
+    # except in auto's runs where auto picks it (rule 4), timed as the table times "mpi" (MPICH's)
+    companion = auto_companion(args, platform, ranks, span[0]) if algos == "auto" else args.reference
+    cfg = [f"--cfg=smpi/allreduce:{selector or companion}"]
     print(
         f"[{time.strftime('%H:%M:%S')}] {platform} {ranks} ranks: {name} "
         f"{fmt_size(span[0])}-{fmt_size(span[1])} ...",
@@ -366,9 +395,10 @@ def busbw(size: int, ranks: int, time_us: float) -> float:
 
 @functools.lru_cache(maxsize=None)
 def probe_caps(platform: str, ranks: int, per_node: int) -> tuple:
-    """(ordered_ring_gain, node_link_ratio) a communicator derives from probe_matrix (what
-    ZCOLL_TOPOLOGY gives it, csrc/comm/topology.cc): the rank-order ring's slowest hop over the
-    best order's, and the median bandwidth within a node over the median across nodes."""
+    """(ordered_ring_gain, node_link_ratio, slow_node_factor) a communicator derives from
+    probe_matrix (what ZCOLL_TOPOLOGY gives it, csrc/comm/topology.cc): the rank-order ring's
+    slowest hop over the best order's, the median bandwidth within a node over the median across
+    nodes, and (from 3 nodes) the median across nodes over the slowest node's median."""
     node_of, bw = probe_matrix(platform, ranks, per_node)
     order = zcoll._C.best_ring_order([[b or 0.0 for b in row] for row in bw])
 
@@ -379,14 +409,29 @@ def probe_caps(platform: str, ranks: int, per_node: int) -> tuple:
     same = [bw[i][j] for i in range(ranks) for j in range(ranks) if i != j and node_of[i] == node_of[j]]
     cross = [bw[i][j] for i in range(ranks) for j in range(ranks) if node_of[i] != node_of[j]]
     ratio = float(np.median(same) / np.median(cross)) if same and cross else 0.0
-    return gain, ratio
+    nodes = max(node_of) + 1
+    touching = [
+        [
+            bw[i][j]
+            for i in range(ranks)
+            for j in range(ranks)
+            if node_of[i] != node_of[j] and n in (node_of[i], node_of[j])
+        ]
+        for n in range(nodes)
+    ]
+    slow = (
+        max(1.0, float(np.median(cross) / min(np.median(t) for t in touching)))
+        if nodes >= 3 and cross
+        else 0.0
+    )
+    return gain, ratio, slow
 
 
 def auto_choice(size: int, ranks: int, per_node: int, platform: str = "", probe: bool = False) -> str:
     """What algorithm="auto" picks on a real cluster of this shape (not oversubscribed, MPI's own
     allreduce available, equal nodes of per_node ranks): the C++ rule table; with probe, also
     what ZCOLL_TOPOLOGY's probe of the platform tells it (probe_caps)."""
-    gain, ratio = probe_caps(platform, ranks, per_node) if probe else (1.0, 0.0)
+    gain, ratio, slow = probe_caps(platform, ranks, per_node) if probe else (1.0, 0.0, 0.0)
     return zcoll.choose_algorithm(
         size,
         ranks,
@@ -396,6 +441,7 @@ def auto_choice(size: int, ranks: int, per_node: int, platform: str = "", probe:
         nodes=max(ranks // per_node, 1),
         ordered_ring_gain=gain,
         node_link_ratio=ratio,
+        slow_node_factor=slow,
     )
 
 

@@ -239,18 +239,19 @@ void bind_collectives(py::module_& m, py::class_<CommHandle>& comm) {
   m.def(
       "choose_allreduce_algorithm",
       [](std::size_t bytes, int ranks, bool native_fast, bool shared_memory, bool oversubscribed,
-         bool node_hierarchy, double ordered_ring_gain, int nodes, double node_link_ratio) {
+         bool node_hierarchy, double ordered_ring_gain, int nodes, double node_link_ratio,
+         double slow_node_factor) {
         // A gain above 1 exists only with measured links (Communicator.ring_gain is 1.0 without).
         const bool topology = ordered_ring_gain > 1.0;
-        return algorithm_name(
-            choose_allreduce_algorithm(bytes, ranks,
-                                       Capabilities{native_fast, shared_memory, oversubscribed,
-                                                    node_hierarchy, ordered_ring_gain, topology, nodes,
-                                                    node_link_ratio}));
+        return algorithm_name(choose_allreduce_algorithm(
+            bytes, ranks,
+            Capabilities{native_fast, shared_memory, oversubscribed, node_hierarchy, ordered_ring_gain,
+                         topology, nodes, node_link_ratio, slow_node_factor}));
       },
       py::arg("nbytes"), py::arg("ranks"), py::arg("native_fast") = true, py::arg("shared_memory") = true,
       py::arg("oversubscribed") = false, py::arg("node_hierarchy") = false,
-      py::arg("ordered_ring_gain") = 1.0, py::arg("nodes") = 0, py::arg("node_link_ratio") = 0.0);
+      py::arg("ordered_ring_gain") = 1.0, py::arg("nodes") = 0, py::arg("node_link_ratio") = 0.0,
+      py::arg("slow_node_factor") = 0.0);
   m.def(
       "allreduce_algorithms", &allreduce_algorithm_table,
       "The allreduce algorithms, one dict each in code order: name, code, needs (what the communicator must "

@@ -93,6 +93,7 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
             std::vector<int> node_of(p);
             for (int r = 0; r < p; ++r) node_of[r] = c.comm().node_of(r);
             t.node_link_ratio = node_link_ratio(bw, p, node_of);
+            t.slow_node_factor = slow_node_factor(bw, p, node_of);
             c.comm().set_topology(std::move(t));
           },
           py::arg("bandwidth"),
@@ -102,6 +103,10 @@ py::class_<CommHandle> bind_comm(py::module_& m) {
           "Median bandwidth within a node over the median across nodes, from the topology (auto's rule 6 "
           "keeps hierarchical on 2 nodes only while it is 0 or >= 2); 0.0 when not known (no topology, one "
           "node, or every rank on its own node).")
+      .def_property_readonly(
+          "slow_node_factor", [](CommHandle& c) { return c.comm().topology().slow_node_factor; },
+          "The median bandwidth across nodes over the slowest node's median (>= 1; auto costs rule 3's "
+          "crossover at that node's links); 0.0 when not known (no topology, or fewer than 3 nodes).")
       .def_property_readonly(
           "ring_order", [](CommHandle& c) { return c.comm().topology().ring; },
           "The ring order of algorithm 'ordered_ring' (ring[k] sends to ring[k+1]); [] without a topology.")

@@ -24,6 +24,7 @@ Capabilities capabilities_of(Communicator& comm) {
   caps.ordered_ring_gain = caps.topology ? comm.topology().ring_gain : 1.0;
   // From the same probe every rank read (ZCOLL_TOPOLOGY), so every rank agrees on it.
   caps.node_link_ratio = caps.topology ? comm.topology().node_link_ratio : 0.0;
+  caps.slow_node_factor = caps.topology ? comm.topology().slow_node_factor : 0.0;
   return caps;
 }
 

@@ -13,7 +13,10 @@
 //    each rank's bytes once rather than log p times: simulated at 4 KiB, recursive doubling took
 //    1.16x its time on 256 ranks (2:1 fat tree) and 1.21x on 64 (dragonfly), halving-doubling
 //    1.01-1.03x recursive doubling's on 16 and 64 ranks. On 3 or more nodes halving-doubling also
-//    above 8 KiB while the message is under hierarchical's latency crossover (below).
+//    above 8 KiB while the message is under hierarchical's latency crossover (below). Both bounds
+//    are where halving-doubling's link bytes start to cost more than hierarchical's extra steps,
+//    so a slow node (rule 3) divides both by its factor; recursive doubling is for 2 nodes (or a
+//    count not known) only.
 // 3. On 3 or more such nodes, up to ranks x kHierarchicalBytesPerRank: `hierarchical`, for its
 //    latency: 2(N-1) + 2(L-1) steps against the ring's 2(p-1) and no rank sending the whole
 //    message log p times (recursive doubling, MPI's small-message algorithms). Simulated on a
@@ -35,6 +38,11 @@
 //    below the crossover is bounded by its latency. S* is 5 KiB at 8 nodes of 8, 31 KiB at 32,
 //    138 KiB at 128 (simulated at 1,024 ranks on the 2:1 tree: 64 KiB hierarchical 1.89x
 //    halving-doubling's time, now halving-doubling; 256 KiB halving-doubling 1.54x hierarchical's).
+//    With a slow node (Capabilities::slow_node_factor, from the probe: the fabric's median link
+//    bandwidth over the slowest node's) every inter-node step waits for that node's link, so
+//    beta_link is its beta: S* and rule 2's 8 KiB fall by the factor. One node's links 4x slower
+//    on 8 nodes of 8 moves them to 1.3 and 2 KiB (simulated at 4 KiB: halving-doubling took 1.40x
+//    hierarchical's time, all 8 ranks of the slow node crossing its link in each inter-node step).
 // 4. Otherwise, up to 64 KiB, MPI's own allreduce when it is not oversubscribed: MPICH runs
 //    small allreduces on shared-memory collectives that beat any algorithm built on
 //    point-to-point messages (one MPI_Sendrecv of 4 KiB costs more than its whole 4 KiB
@@ -78,7 +86,7 @@ struct Rule {
   std::size_t max_bytes_per_rank = 0;  // also bytes <= ranks x this; 0: no condition
   int max_nodes = 0;                   // also at most this many nodes (0 nodes: unknown, matches); 0: any
   int min_nodes = 0;                   // also at least this many nodes (0 nodes: unknown, fails); 0: any
-  bool to_crossover = false;           // also matches above max_bytes up to hierarchical_crossover
+  bool to_crossover = false;           // also below hierarchical_crossover; max_bytes / slow_node_factor
   double min_node_link_ratio = 0.0;    // also node_link_ratio unknown (0) or at least this; 0: any
 };
 
@@ -91,19 +99,20 @@ constexpr double kNodeLinkRatio = 2.0;  // rule 6: B_node / B_link above the nod
 constexpr double kLinkLatencyBytes = 8 * 1024;  // alpha_link / beta_link on a 2:1 fabric, see rule 3
 
 // Rule 3's lower bound: the size from which hierarchical's saved link bytes pay for its extra
-// latency steps against halving-doubling, for `nodes` equal nodes of ranks / nodes; 0 when
-// unknown.
-double hierarchical_crossover(int ranks, int nodes) {
-  if (nodes < 2 || ranks <= nodes) return 0.0;
-  const double N = nodes, L = static_cast<double>(ranks) / nodes;
+// latency steps against halving-doubling, for caps.nodes equal nodes of ranks / nodes, costed at
+// the slowest node's links; 0 when unknown.
+double hierarchical_crossover(int ranks, const Capabilities& caps) {
+  if (caps.nodes < 2 || ranks <= caps.nodes) return 0.0;
+  const double N = caps.nodes, L = static_cast<double>(ranks) / caps.nodes;
   const double extra_steps = std::max(0.0, N - 1 - std::log2(N));
-  return kLinkLatencyBytes * N * extra_steps / ((L - 1) * (N - 1));
+  const double link_latency_bytes = kLinkLatencyBytes / std::max(1.0, caps.slow_node_factor);
+  return link_latency_bytes * N * extra_steps / ((L - 1) * (N - 1));
 }
 
 constexpr Rule kRules[] = {
     {kAnyRanks, kAny, false, 0.0, Algorithm::kShm},
     {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kHalvingDoubling, 0, 0, kManyNodes, true},
-    {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kRecursiveDoubling},
+    {kAnyRanks, 8 * 1024, true, 0.0, Algorithm::kRecursiveDoubling, 0, kManyNodes - 1},
     {kAnyRanks, kAny, true, 0.0, Algorithm::kHierarchical, kHierarchicalBytesPerRank, 0, kManyNodes},
     {kAnyRanks, 64 * 1024, false, 0.0, Algorithm::kMpi},
     {kAnyRanks, 32 * 1024, false, 0.0, Algorithm::kRecursiveDoubling},
@@ -114,8 +123,10 @@ constexpr Rule kRules[] = {
 
 bool matches(const Rule& rule, std::size_t bytes, int ranks, const Capabilities& caps, unsigned offered) {
   const unsigned needs = allreduce_algorithm(rule.algorithm).needs;
-  const bool size_ok = bytes <= rule.max_bytes ||
-                       (rule.to_crossover && static_cast<double>(bytes) < hierarchical_crossover(ranks, caps.nodes));
+  const double slow_node = rule.to_crossover ? std::max(1.0, caps.slow_node_factor) : 1.0;
+  const bool size_ok =
+      static_cast<double>(bytes) <= static_cast<double>(rule.max_bytes) / slow_node ||
+      (rule.to_crossover && static_cast<double>(bytes) < hierarchical_crossover(ranks, caps));
   return ranks <= rule.max_ranks && size_ok && (needs & ~offered) == 0 &&
          (caps.node_hierarchy || !rule.needs_node_hierarchy) &&
          caps.ordered_ring_gain >= rule.min_ordered_ring_gain &&

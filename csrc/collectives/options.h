@@ -100,6 +100,7 @@ struct Capabilities {
   bool topology = false;           // measured links (Topology::known())
   int nodes = 0;                   // how many nodes (node_hierarchy); 0: not known
   double node_link_ratio = 0.0;    // Topology::node_link_ratio: node-local / inter-node bandwidth; 0: not known
+  double slow_node_factor = 0.0;   // Topology::slow_node_factor: links' / slowest node's; 0: not known
 };
 // The choice `auto` makes for a message of `bytes` on `ranks` ranks (rules in auto_select.cc).
 Algorithm choose_allreduce_algorithm(std::size_t bytes, int ranks, const Capabilities& caps);

@@ -18,6 +18,15 @@ constexpr int kExactUpTo = 8;
 constexpr int kImproveUpTo = 256;
 constexpr int kImprovePasses = 50;
 
+// The median of v (reordered), the mean of the two middle values for an even count.
+double median(std::vector<double>& v) {
+  const std::size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  return 0.5 * (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
+}
+
 double hop_time(const std::vector<double>& bw, int p, int from, int to) {
   return 1.0 / bw[static_cast<std::size_t>(from) * p + to];
 }
@@ -232,15 +241,30 @@ double node_link_ratio(const std::vector<double>& bw, int p, const std::vector<i
     for (int j = 0; j < p; ++j)
       if (i != j) (node_of[i] == node_of[j] ? node : link).push_back(bw[static_cast<std::size_t>(i) * p + j]);
   if (node.empty() || link.empty()) return 0.0;
-  auto median = [](std::vector<double>& v) {
-    const std::size_t mid = v.size() / 2;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-    const double upper = v[mid];
-    if (v.size() % 2 == 1) return upper;
-    return 0.5 * (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
-  };
   const double on_link = median(link);
   return on_link > 0 ? median(node) / on_link : 0.0;
+}
+
+double slow_node_factor(const std::vector<double>& bw, int p, const std::vector<int>& node_of) {
+  ZCOLL_REQUIRE(node_of.size() == static_cast<std::size_t>(p), "slow_node_factor: ", node_of.size(),
+                " nodes for ", p, " ranks");
+  const int nodes = node_of.empty() ? 0 : *std::max_element(node_of.begin(), node_of.end()) + 1;
+  if (nodes < 3) return 0.0;
+  std::vector<std::vector<double>> touching(static_cast<std::size_t>(nodes));
+  std::vector<double> link;
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j)
+      if (node_of[i] != node_of[j]) {
+        const double b = bw[static_cast<std::size_t>(i) * p + j];
+        link.push_back(b);
+        touching[node_of[i]].push_back(b);
+        touching[node_of[j]].push_back(b);
+      }
+  if (link.empty()) return 0.0;
+  double slowest = std::numeric_limits<double>::infinity();
+  for (auto& pairs : touching)
+    if (!pairs.empty()) slowest = std::min(slowest, median(pairs));
+  return slowest > 0 ? std::max(1.0, median(link) / slowest) : 0.0;
 }
 
 Topology topology_from_bandwidth(const std::vector<double>& bw, int p) {
@@ -307,6 +331,7 @@ Topology topology_from_probe(const ProbeFile& probe, const std::string& path, in
     }
   Topology topology = topology_from_bandwidth(bw, p);
   topology.node_link_ratio = node_link_ratio(bw, p, node_of);
+  topology.slow_node_factor = slow_node_factor(bw, p, node_of);
   return topology;
 }
 

@@ -22,6 +22,7 @@ struct Topology {
   double ring_gain = 1.0;   // slowest hop of the rank-order ring / slowest hop of `ring` (time, >= 1)
   std::uint64_t fingerprint = 0;  // of `ring` (FNV-1a), for check mode; 0 when none
   double node_link_ratio = 0.0;   // node_link_ratio() of the measured matrix; 0: not known
+  double slow_node_factor = 0.0;  // slow_node_factor() of the measured matrix; 0: not known
   bool known() const { return !ring.empty(); }
 };
 
@@ -42,6 +43,14 @@ std::vector<int> best_ring_order(const std::vector<double>& bw, int p);
 // pair. A pure function of the matrix and the placement, so every rank given the same probe
 // computes the same ratio and makes the same choice.
 double node_link_ratio(const std::vector<double>& bw, int p, const std::vector<int>& node_of);
+// How many times slower the slowest node's links are than the fabric's: the median bandwidth
+// between ranks of different nodes over the slowest node's median (each node's over the pairs
+// with one end on it, both directions), >= 1. Every algorithm waits for that node, so `auto`
+// costs the inter-node bytes at its links' bandwidth (rule 3's crossover). Medians, so a single
+// slow route (one pair) does not make a slow node; 0 with fewer than 3 nodes (two nodes share
+// every inter-node pair: no node stands out) or no pair across. A pure function of the matrix
+// and the placement.
+double slow_node_factor(const std::vector<double>& bw, int p, const std::vector<int>& node_of);
 Topology topology_from_bandwidth(const std::vector<double>& bw, int p);
 
 // The parts of a probe result (`zcoll probe`'s probe.json, format zcoll-probe/1) zcoll uses:

@@ -40,6 +40,7 @@ def choose_algorithm(
     ordered_ring_gain: float = 1.0,
     nodes: int = 0,
     node_link_ratio: float = 0.0,
+    slow_node_factor: float = 0.0,
 ) -> str:
     """The allreduce algorithm ``algorithm="auto"`` picks for a message of `nbytes` on `ranks`.
 
@@ -49,7 +50,10 @@ def choose_algorithm(
     slowest hop of the measured best ring order is than rank order's (Communicator.ring_gain);
     nodes: how many nodes with node_hierarchy (0: not known, answered as for few nodes);
     node_link_ratio: median bandwidth within a node over that between nodes, as a probe
-    (ZCOLL_TOPOLOGY) measured it (0: not known; below 2, hierarchical is not picked on 2 nodes)."""
+    (ZCOLL_TOPOLOGY) measured it (0: not known; below 2, hierarchical is not picked on 2 nodes);
+    slow_node_factor: the median bandwidth between nodes over the slowest node's, as a probe
+    measured it (Communicator.slow_node_factor; 0: not known): from 3 nodes, halving-doubling
+    gives way to hierarchical at a crossover that falls by this factor."""
     return _C.choose_allreduce_algorithm(
         nbytes,
         ranks,
@@ -60,6 +64,7 @@ def choose_algorithm(
         ordered_ring_gain,
         nodes,
         node_link_ratio,
+        slow_node_factor,
     )
 
 

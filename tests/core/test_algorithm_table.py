@@ -218,6 +218,36 @@ def test_auto_on_many_nodes_keeps_hierarchical_to_its_latency_range():
     assert many == "ordered_ring"
 
 
+def test_auto_costs_the_small_sizes_at_a_slow_nodes_links():
+    """Rules 2-3 with a slow node (slow_node_factor f, from the probe): halving-doubling only up
+    to 8 KiB / f or hierarchical's crossover at the slow node's links (S* / f), hierarchical from
+    there. One node's links 4x slower on 8 nodes of 8 (docs/scale.md, star_slow_node): S* 5.3
+    -> 1.3 KiB, so 4 KiB runs hierarchical (halving-doubling took 1.33-1.40x its time there);
+    never recursive doubling from 3 nodes. f <= 1 (a healthy fabric) or unknown changes nothing."""
+
+    def pick(nbytes, ranks, nodes, factor):
+        return zcoll.choose_algorithm(
+            nbytes, ranks, shared_memory=False, node_hierarchy=True, nodes=nodes, slow_node_factor=factor
+        )
+
+    for ranks, nodes in ((64, 8), (256, 32), (1024, 128)):
+        for nbytes in (1024, 4096, 8192, 65536, 1 << 20, 16 << 20):
+            want = pick(nbytes, ranks, nodes, 0.0)
+            assert pick(nbytes, ranks, nodes, 1.0) == want, (ranks, nbytes)
+            assert pick(nbytes, ranks, nodes, 0.5) == want, "a factor below 1 is a healthy fabric"
+    assert pick(4096, 64, 8, 4.0) == "hierarchical"
+    assert pick(2048, 64, 8, 4.0) == "halving_doubling", "8 KiB / 4"
+    assert pick(2052, 64, 8, 4.0) == "hierarchical"
+    assert pick(4096, 64, 8, 1.5) == "halving_doubling", "8 KiB / 1.5 is still above 4 KiB"
+    for factor in (2.0, 4.0, 16.0):
+        for nbytes in (64, 4096, 8192):
+            assert pick(nbytes, 24, 3, factor) != "recursive_doubling", (factor, nbytes)
+    # above 8 KiB the crossover with halving-doubling falls by the factor: 1,024 ranks, 64 KiB
+    assert pick(65536, 1024, 128, 1.0) == "halving_doubling"
+    assert pick(65536, 1024, 128, 4.0) == "hierarchical"
+    assert pick(1 << 20, 64, 8, 4.0) == "ring", "the ring's side of rule 3 is unchanged"
+
+
 def test_auto_on_two_nodes_reads_the_node_link_ratio():
     """Rule 6 (auto_select.cc): on 2 equal nodes (or an unknown count) hierarchical at every size
     above MPI's range while the measured node/link bandwidth ratio is unknown (0) or at least 2,

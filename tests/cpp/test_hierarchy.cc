@@ -197,6 +197,29 @@ TEST(topology, node_link_ratio) {
   CHECK_THROWS(zcoll::node_link_ratio(bw, p, {0, 0, 1}), std::invalid_argument);
 }
 
+// The slow node auto reads (rules 2-3): the median across nodes over the slowest node's median
+// of the pairs touching it; one slow route is no slow node; 0 below 3 nodes.
+TEST(topology, slow_node_factor) {
+  const int p = 10;
+  std::vector<int> five_nodes(p);
+  for (int r = 0; r < p; ++r) five_nodes[r] = r / 2;
+  std::vector<double> bw(static_cast<std::size_t>(p) * p, 0.0);
+  for (int i = 0; i < p; ++i)
+    for (int j = 0; j < p; ++j)
+      bw[static_cast<std::size_t>(i) * p + j] = five_nodes[i] == five_nodes[j] ? 20e9 : 12.5e9;
+  CHECK_EQ(zcoll::slow_node_factor(bw, p, five_nodes), 1.0);
+  bw[0 * p + 2] = 1e9;  // one slow pair: every node's median stays 12.5 GB/s
+  CHECK_EQ(zcoll::slow_node_factor(bw, p, five_nodes), 1.0);
+  for (int i = 0; i < p; ++i)  // node 1 (ranks 2, 3): its 32 of the 80 pairs across at 1/4
+    for (int j = 0; j < p; ++j)
+      if (five_nodes[i] != five_nodes[j] && (five_nodes[i] == 1 || five_nodes[j] == 1))
+        bw[static_cast<std::size_t>(i) * p + j] = 12.5e9 / 4;
+  CHECK(std::fabs(zcoll::slow_node_factor(bw, p, five_nodes) - 4.0) < 1e-12);
+  CHECK_EQ(zcoll::slow_node_factor(bw, p, {0, 0, 0, 0, 0, 1, 1, 1, 1, 1}), 0.0);  // two nodes
+  CHECK_EQ(zcoll::slow_node_factor(bw, p, std::vector<int>(p, 0)), 0.0);          // one node
+  CHECK_THROWS(zcoll::slow_node_factor(bw, p, {0, 1, 2}), std::invalid_argument);
+}
+
 TEST(ordered_ring, every_case_with_a_topology) {
   for (int p = 1; p <= 8; ++p) {
     zcoll::InProcOptions o = ztest::test_options();
