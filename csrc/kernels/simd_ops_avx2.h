@@ -1,6 +1,19 @@
 // The vector primitives of AVX2 + F16C: 8 float32 lanes. Same contract as simd_ops_avx512.h
 // (read that file's header); Mask is a vector whose lanes are all ones or all zeros.
 // Included in the anonymous namespace of kernels_avx2.cc, after <immintrin.h>.
+
+// For each 8-bit mask, the lanes of its set bits in order, 4 bits each from the lowest nibble:
+// the permutation that packs those lanes to the front (AVX2 has no compress instruction).
+struct PackTable {
+  std::uint32_t perm[256];
+  constexpr PackTable() : perm() {
+    for (unsigned m = 0; m < 256; ++m)
+      for (unsigned j = 0, c = 0; j < 8; ++j)
+        if ((m >> j) & 1u) perm[m] |= j << (4 * c++);
+  }
+};
+constexpr PackTable kPackTable{};
+
 struct Isa {
   static constexpr int kLanes = 8;
   using F = __m256;
@@ -84,5 +97,15 @@ struct Isa {
   static Mask from_bits(unsigned b) {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(b)), bit), bit);
+  }
+
+  // ---- selection ----
+  // The lanes of v whose bit is set in m, packed to the front of val in lane order, and their
+  // indices base + lane to the front of idx (a table permutation); all kLanes lanes are written.
+  static void store_packed(float* val, std::uint32_t* idx, unsigned m, F v, std::uint32_t base) {
+    const I shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const I perm = and_i(_mm256_srlv_epi32(set1_i(kPackTable.perm[m]), shifts), set1_i(7));
+    _mm256_storeu_ps(val, _mm256_permutevar8x32_ps(v, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx), add_i(set1_i(base), perm));
   }
 };

@@ -8,6 +8,7 @@
 //   the low 16 bits), low_bytes / from_i8 between int32 lanes and their bytes
 //   the IEEE float32 operations the scalar formulas use (quant_math.h), never fused
 //   32-bit integer arithmetic, signed comparisons, select
+//   store_packed: the lanes a mask flags and their indices, packed to the front (top-k's select)
 //
 // Included in the anonymous namespace of kernels_avx512.cc, after <immintrin.h>.
 struct Isa {
@@ -77,4 +78,13 @@ struct Isa {
   static Mask or_mask(Mask a, Mask b) { return static_cast<Mask>(a | b); }
   static unsigned to_bits(Mask m) { return m; }  // lane j -> bit j
   static Mask from_bits(unsigned b) { return static_cast<Mask>(b); }
+
+  // ---- selection ----
+  // The lanes of v whose bit is set in m, packed to the front of val in lane order, and their
+  // indices base + lane to the front of idx (vpcompressd); all kLanes lanes of both are written.
+  static void store_packed(float* val, std::uint32_t* idx, unsigned m, F v, std::uint32_t base) {
+    const I lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _mm512_storeu_ps(val, _mm512_maskz_compress_ps(static_cast<Mask>(m), v));
+    _mm512_storeu_si512(idx, _mm512_maskz_compress_epi32(static_cast<Mask>(m), add_i(set1_i(base), lanes)));
+  }
 };

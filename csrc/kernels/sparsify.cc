@@ -32,24 +32,43 @@ std::uint32_t kth_largest(std::uint32_t* keys, std::size_t m, std::size_t k) {
   return keys[k - 1];
 }
 
+// The r-th largest of keys[0..m) (1 <= r <= m): phase 2's threshold. For small r (8 for a
+// segment of 32 K elements at 1%, 32 for 256 K) one scan keeps the r largest so far, sorted; a
+// key enters only when it beats their smallest, about r ln(m / r) times in a random order, so the
+// scan is mostly one predictable compare per key: 0.35x nth_element's time on 2048 keys (the
+// keys keep their order). Larger r falls to nth_element; keys in increasing order (every key
+// enters) cost at most r moves each.
+std::uint32_t rth_largest(std::uint32_t* keys, std::size_t m, std::size_t r) {
+  constexpr std::size_t kScanMax = 64;
+  if (r > kScanMax) return kth_largest(keys, m, r);
+  std::uint32_t top[kScanMax];
+  std::copy(keys, keys + r, top);
+  std::sort(top, top + r, std::greater<std::uint32_t>());
+  for (std::size_t j = r; j < m; ++j) {
+    const std::uint32_t key = keys[j];
+    if (key <= top[r - 1]) continue;
+    std::size_t p = r - 1;
+    for (; p > 0 && top[p - 1] < key; --p) top[p] = top[p - 1];
+    top[p] = key;
+  }
+  return top[r - 1];
+}
+
 // The k-th largest t of keys[0..c) (1 <= k <= c, every key >= lo), and the counts of keys > t and
 // == t. Candidates are 1.5-3x k (phase 2 places lo so), so the k-th lies within about an octave
 // above lo: a histogram of 1024 bins of 1/128 octave (bits 30..16) from lo's bin up (keys beyond
 // these 8 octaves share the top bin) is walked up from the bottom to the bin of the (c - k + 1)-th
-// smallest, and nth_element runs on that bin's few keys alone. The keys are written as they are
-// counted (one pass over the candidates). The former 1/16-octave bins put ~50 keys in the k-th's
-// bin and walked down from the top; this takes 0.85x its time on 8 segments of 1 MiB.
-std::uint32_t kth_of_candidates(const float* cval, std::uint32_t* keys, std::size_t c, std::size_t k,
-                                std::uint32_t lo, std::size_t* above, std::size_t* equal) {
+// smallest, and nth_element runs on that bin's few keys alone. Each pass recomputes the keys
+// from the values (one AND) rather than storing them. The former 1/16-octave bins put ~50 keys in
+// the k-th's bin and walked down from the top; this takes 0.85x its time on 8 segments of 1 MiB.
+std::uint32_t kth_of_candidates(const float* cval, std::size_t c, std::size_t k, std::uint32_t lo,
+                                std::size_t* above, std::size_t* equal) {
   constexpr int kShift = 16;
   constexpr std::uint32_t kBins = 1024;
   const std::uint32_t base = lo >> kShift;
   std::uint32_t hist[kBins] = {};
-  for (std::size_t j = 0; j < c; ++j) {
-    const std::uint32_t key = qmath::abs_bits(cval[j]);
-    keys[j] = key;
-    ++hist[std::min((key >> kShift) - base, kBins - 1)];
-  }
+  for (std::size_t j = 0; j < c; ++j)
+    ++hist[std::min((qmath::abs_bits(cval[j]) >> kShift) - base, kBins - 1)];
   std::size_t below = 0;
   std::uint32_t bin = 0;
   for (; bin < kBins - 1 && below + hist[bin] <= c - k; ++bin) below += hist[bin];
@@ -63,8 +82,9 @@ std::uint32_t kth_of_candidates(const float* cval, std::uint32_t* keys, std::siz
   std::uint32_t* ib = in_bin.data();
   std::size_t nb = 0;
   for (std::size_t j = 0; j < c && nb < members; ++j) {  // branch-free: write, advance on a member
-    ib[nb] = keys[j];
-    nb += keys[j] - first < width;
+    const std::uint32_t key = qmath::abs_bits(cval[j]);
+    ib[nb] = key;
+    nb += key - first < width;
   }
   std::size_t over = c - below - members, eq = 0;
   const std::uint32_t t = kth_largest(ib, nb, k - over);
@@ -142,33 +162,17 @@ bool use_sampled(TopkMethod method, std::size_t n, std::size_t k) {
 constexpr double kFirstSigmas = 2.0, kRetrySigmas = 4.0;
 
 // Phase 4: the k pairs of largest key among the c candidates (index order, every key >= lo).
-// Branch-free compaction (whether a candidate is kept is as unpredictable as the data): every
-// pair is written at `out`, which advances past the kept ones; out < k at every write. When every
-// key == t is kept (distinct values: the common case) the rule is key >= t, with no running
-// budget of equal keys in the loop's dependency chain (3x faster on 1 K candidates).
-void pick_from_candidates(const std::uint32_t* cidx, const float* cval, std::uint32_t* ckeys, std::size_t c,
-                          std::size_t k, std::uint32_t lo, std::uint32_t* idx, float* val) {
+// The compaction is the select pass over the candidates' values (phase 3's rule with t and an
+// equal-key budget of k - above: the first keys == t in index order), which writes candidate
+// positions, then mapped to indices: vectorised, where a scalar branch-free loop took 1.5 cycles
+// per candidate.
+void pick_from_candidates(const KernelTable& table, const std::uint32_t* cidx, const float* cval,
+                          std::size_t c, std::size_t k, std::uint32_t lo, std::uint32_t* idx, float* val) {
   std::size_t above = 0, equal = 0;
-  const std::uint32_t t = kth_of_candidates(cval, ckeys, c, k, lo, &above, &equal);
-  std::size_t out = 0;
-  if (above + equal == k) {
-    for (std::size_t j = 0; j < c && out < k; ++j) {
-      idx[out] = cidx[j];
-      val[out] = cval[j];
-      out += ckeys[j] >= t;
-    }
-  } else {
-    std::size_t eq_left = k - above;
-    for (std::size_t j = 0; j < c && out < k; ++j) {
-      const std::uint32_t key = ckeys[j];
-      const bool eq = key == t, keep = key > t || (eq && eq_left > 0);
-      eq_left -= eq && keep;
-      idx[out] = cidx[j];
-      val[out] = cval[j];
-      out += keep;
-    }
-  }
-  ZCOLL_CHECK_EQ(out, k, "sampled top-k fix-up selected a wrong count");
+  const std::uint32_t t = kth_of_candidates(cval, c, k, lo, &above, &equal);
+  const std::size_t got = table.select(cval, c, t, k - above, idx, val, k);
+  ZCOLL_CHECK_EQ(got, k, "sampled top-k fix-up selected a wrong count");
+  for (std::size_t j = 0; j < k; ++j) idx[j] = cidx[idx[j]];
 }
 
 // Sampled top-k (sparsify.h, phases 1-4). `gather(t, ...)` runs phase 3 into (cidx, cval, cap):
@@ -177,30 +181,29 @@ void pick_from_candidates(const std::uint32_t* cidx, const float* cval, std::uin
 // `regather` is the same pass for the retry (topk_ef: over e, which the first pass made r).
 // false means "fall back to exact".
 template <typename ValueAt, typename Gather, typename Regather>
-bool topk_sampled(std::size_t n, std::size_t k, std::uint64_t seed, ValueAt value_at, Gather gather,
-                  Regather regather, std::uint32_t* idx, float* val, std::size_t sample) {
+bool topk_sampled(const KernelTable& table, std::size_t n, std::size_t k, std::uint64_t seed,
+                  ValueAt value_at, Gather gather, Regather regather, std::uint32_t* idx, float* val,
+                  std::size_t sample) {
   const std::size_t s = std::min(n, sample ? sample : topk_sample_size(n));
   const std::size_t r1 = std::min(s, sample_rank(n, k, s, kFirstSigmas));
   const std::size_t r2 = std::min(s, sample_rank(n, k, s, kRetrySigmas));
-  thread_local std::vector<std::uint32_t> skeys, cidx, ckeys;
+  thread_local std::vector<std::uint32_t> skeys, cidx;
   thread_local std::vector<float> cval;
   sample_keys(n, s, seed, value_at, skeys, /*stratified=*/true);
-  std::uint32_t t_lo = kth_largest(skeys.data(), s, r1);
+  std::uint32_t t_lo = rth_largest(skeys.data(), s, r1);
   const std::size_t expect = static_cast<std::size_t>(double(n) * double(r2) / double(s));
   const std::size_t cap = std::min(n, 2 * expect + k + 4096);
   if (cidx.size() < cap) {
     cidx.resize(cap);
     cval.resize(cap);
-    ckeys.resize(cap);
   }
   std::size_t c = gather(t_lo, cidx.data(), cval.data(), cap);
-  if (c < k && r2 > r1) {  // keys [r1, s) are <= the r1-th after nth_element: the r2-th is among them
-    std::nth_element(skeys.begin() + r1, skeys.begin() + (r2 - 1), skeys.begin() + s, std::greater<std::uint32_t>());
-    t_lo = skeys[r2 - 1];
+  if (c < k && r2 > r1) {
+    t_lo = rth_largest(skeys.data(), s, r2);
     c = regather(t_lo, cidx.data(), cval.data(), cap);
   }
   if (c < k || c > cap) return false;
-  pick_from_candidates(cidx.data(), cval.data(), ckeys.data(), c, k, t_lo, idx, val);
+  pick_from_candidates(table, cidx.data(), cval.data(), c, k, t_lo, idx, val);
   return true;
 }
 
@@ -225,7 +228,7 @@ void topk(const float* x, std::size_t n, std::size_t k, std::uint32_t* idx, floa
     return table.select(x, n, t, k, ci, cv, cap);
   };
   if (use_sampled(method, n, k) &&
-      topk_sampled(n, k, seed, [x](std::size_t i) { return x[i]; }, gather, gather, idx, val, sample))
+      topk_sampled(table, n, k, seed, [x](std::size_t i) { return x[i]; }, gather, gather, idx, val, sample))
     return;
   topk_exact(table, x, n, k, idx, val);
 }
@@ -238,7 +241,7 @@ void topk_ef(const float* g, float* e, std::size_t n, std::size_t k, std::uint32
   if (k > 0 && use_sampled(method, n, k)) {
     // The gather pass also stores r = g + e into e, whatever it returns.
     done = topk_sampled(
-        n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
+        table, n, k, seed, [g, e](std::size_t i) { return g[i] + e[i]; },
         [&](std::uint32_t t, std::uint32_t* ci, float* cv, std::size_t cap) {
           return table.select_ef(g, e, n, t, k, ci, cv, cap);
         },

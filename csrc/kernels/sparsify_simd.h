@@ -6,11 +6,12 @@
 // Per vector of kLanes elements:
 //   1. keys = |v| bits; mask = (keys > t) | (keys == t while the equal-key budget lasts)
 //   2. mask == 0 (the common case at 1% density): next vector
-//   3. else, when no key equals t and kLanes pairs fit: write every lane, advance by the flagged
-//      ones (branch-free); otherwise walk the set bits in lane order (the scalar reference's
-//      order) and offer the pairs
-// Cost: one read of x (+ read and write of e for select_ef), ~5 vector ops per vector; the
-// appends are scalar but touch only the ~k selected elements.
+//   3. else, when no key equals t and kLanes pairs fit: store the flagged lanes and their indices
+//      packed (V::store_packed: a compress on AVX-512, a table permutation on AVX2), advance by
+//      their count (branch-free); otherwise walk the set bits in lane order (the scalar
+//      reference's order) and offer the pairs
+// Cost: one read of x (+ read and write of e for select_ef), ~5 vector ops per vector, ~4 more
+// per vector with a selected element.
 // Included in the anonymous namespace of kernels_<isa>.cc, after simd_ops.h.
 
 template <class Load>
@@ -24,19 +25,18 @@ std::size_t select_t(Load load, std::size_t n, std::uint32_t t, std::size_t eq_b
     const V::Bits gt = V::gt_u32(keys, t);
     const V::Bits m = s.eq < eq_budget ? gt | V::eq_u32(keys, t) : gt;
     if (m == 0) continue;
-    alignas(64) float lanes[kL];
-    V::store(lanes, v);
     if (m == gt && s.count + kL <= s.cap) {
-      // Every flagged lane is kept and there is room: write every lane, advance past the flagged
-      // ones. Which lanes are flagged is as unpredictable as the data, so a branch per set bit
-      // (the walk below) mispredicts about once per vector where candidates are dense.
-      for (std::size_t j = 0; j < kL; ++j) {
-        s.idx[s.count] = static_cast<std::uint32_t>(i + j);
-        s.val[s.count] = lanes[j];
-        s.count += (m >> j) & 1u;
-      }
+      // Every flagged lane is kept and there is room: pack the flagged lanes and their indices to
+      // the front of one full-width store each, advance past them. Which lanes are flagged is as
+      // unpredictable as the data, so a branch per set bit (the walk below) mispredicts about once
+      // per vector where candidates are dense; a scalar write per lane cost 3.3 cycles per
+      // candidate, the packed store 0.8 (AVX-512, 32 K-256 K elements).
+      V::store_packed(s.val + s.count, s.idx + s.count, m, v, static_cast<std::uint32_t>(i));
+      s.count += static_cast<std::size_t>(__builtin_popcount(m));
       continue;
     }
+    alignas(64) float lanes[kL];
+    V::store(lanes, v);
     for (V::Bits b = m; b != 0; b &= b - 1) {
       const int j = __builtin_ctz(b);
       if (m == gt)  // no equal keys involved: every flagged lane is kept
