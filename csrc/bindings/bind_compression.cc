@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "common/check.h"
+#include "common/rng.h"
 #include "kernels/quantize.h"
 #include "kernels/sparsify.h"
 
@@ -142,6 +143,13 @@ void bind_compression(py::module_& m) {
       py::arg("g"), py::arg("e"), py::arg("n"), py::arg("k"), py::arg("idx"), py::arg("val"),
       py::arg("method") = "sampled", py::arg("seed") = 0, py::arg("impl") = "dispatch", py::arg("sample") = 0,
       release);
+  // A compressor's per-call seed (codecs.py): 0.2 us here against 1.6 us of Python integers.
+  m.def(
+      "call_seed",
+      [](std::uint64_t seed, std::uint64_t key_hash, std::uint64_t call) {
+        return chain_seed(chain_seed(chain_seed(0, seed), key_hash), call);
+      },
+      py::arg("seed"), py::arg("key_hash"), py::arg("call"));
   // The sample a segment of n elements of a tensor of `total` takes in the public top-k path.
   m.def("topk_sample_share", &topk_sample_share, py::arg("total"), py::arg("n"));
   m.def(

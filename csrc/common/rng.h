@@ -38,6 +38,15 @@ static ZCOLL_HD RngKey rng_key(std::uint64_t seed) {
   return RngKey{static_cast<std::uint32_t>(z), static_cast<std::uint32_t>(z >> 32)};
 }
 
+// One link of a seed chain: splitmix64's output for z ^ w. A compressor's per-call seed is
+// chain_seed(chain_seed(chain_seed(0, seed), crc32(key)), call) (codecs.py, through _C.call_seed).
+static ZCOLL_HD std::uint64_t chain_seed(std::uint64_t z, std::uint64_t w) {
+  z = (z ^ w) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 static ZCOLL_HD std::uint32_t rng_u32(RngKey key, std::uint64_t index) {
   const std::uint32_t h = mix32(static_cast<std::uint32_t>(index) ^ key.k0);
   return mix32(h + (static_cast<std::uint32_t>(index >> 32) ^ key.k1));

@@ -412,3 +412,31 @@ def test_fp16_overflow_raises(comm):
     with pytest.raises(FloatingPointError, match="NaN or Inf"):
         comm.allreduce(x, compression=zcoll.HalfPrecision("fp16"))
     comm.allreduce(x, compression=zcoll.HalfPrecision("bf16"))  # bfloat16 has float32's range
+
+
+def splitmix_chain(*words: int) -> int:
+    """The per-call seed's definition in Python integers: splitmix64 chained over the words."""
+    mask, z = (1 << 64) - 1, 0
+    for w in words:
+        z = ((z ^ w) + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+    return z
+
+
+def test_call_seed_is_the_splitmix_chain():
+    """The per-call seeds that stochastic rounding and random-k draw from (so checkpoints and
+    ranks agree) are splitmix64 chained over (seed, crc32(key), call), now computed in C++."""
+    rng = np.random.default_rng(3)
+    words = [(0, 0, 0), (11, 0, 1), ((1 << 64) - 1, (1 << 32) - 1, (1 << 64) - 1)]
+    words += [tuple(int(v) for v in rng.integers(0, 1 << 63, 3, dtype=np.uint64)) for _ in range(50)]
+    for w in words:
+        assert zcoll._C.call_seed(*w) == splitmix_chain(*w), w
+    a, b = zcoll.RandomK(0.1, seed=5), zcoll.RandomK(0.1, seed=5)
+    x = grad(1000, seed=9)
+    for _ in range(3):  # the same seed and call count: the same indices; the next call: others
+        assert np.array_equal(a.compress(x).arrays["indices"], b.compress(x).arrays["indices"])
+    assert not np.array_equal(
+        a.compress(x).arrays["indices"], zcoll.RandomK(0.1, seed=5).compress(x).arrays["indices"]
+    )
