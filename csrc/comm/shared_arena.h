@@ -51,10 +51,11 @@ struct SharedArena {
   // Whether peer_memory may also write into other ranks' memory (process_vm_writev can be refused
   // where reads are allowed); set alike on every rank.
   bool peer_writes = false;
-  // From 256 KiB one copy beats the window, 2 ranks, interleaved A/B: 0.38-0.87 of the time on a
-  // buffer pair used over and over, 0.84-0.98 where each input was just written by its owner;
-  // 1.10-1.31 where every call found its buffers out of the core's caches, the trade 1 MiB
-  // already made (1.18 there). At 128 KiB one copy lost on just-written inputs too (1.03-1.08).
+  // From 256 KiB one copy beats the window, 2 ranks, interleaved A/B: median 0.55 of the time
+  // on a buffer pair used over and over (0.38-0.57 in 6 of 10 runs, to 1.03), 0.83-0.98 where
+  // each input was just written by its owner; 1.15-1.29 where every call found its buffers out
+  // of the core's caches, the trade 1 MiB already made (1.18 there). At 128 KiB one copy lost
+  // on just-written inputs too (1.03-1.05).
   std::size_t single_copy_bytes = 256 * 1024;
 
   SharedFlag* flags(int rank) const { return reinterpret_cast<SharedFlag*>(regions[rank]); }
