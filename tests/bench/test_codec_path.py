@@ -11,6 +11,7 @@ from mpi_util import ROOT, run
 
 BENCH = ROOT / "bench" / "codec_path.py"
 OPS = ["int8 compress", "int8 decompress", "int8 compress + error feedback", "top-1% compress",
+       "top-1% compress, seed per call",
        "top-1% compress, segments", "top-1% decompress"]  # fmt: skip
 
 
