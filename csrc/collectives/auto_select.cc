@@ -5,7 +5,12 @@
 // one without touching the algorithms.
 //
 // 1. Every rank on one node: `shm` at every size (measured fastest from 4 KiB to 64 MiB on 2
-//    and 4 ranks, oversubscribed included).
+//    and 4 ranks, oversubscribed included). On 2 ranks at 64-128 KiB a loop over one unchanged
+//    buffer (./dev.sh bench) finds recursive doubling faster (0.68-0.91 of shm's time): MPICH
+//    sends its one exchange with a single kernel copy (CMA) that reads the peer's input, still
+//    cached unmodified from the call before, where shm's window is rewritten every call. On an
+//    input its owner rewrote just before the call, as a fresh gradient, recursive doubling took
+//    1.35-1.62x shm's time, and 1.41-1.92x on cold buffers (docs/results.md), so shm stays.
 // 2. On several nodes with the same number (> 1) of ranks each, up to 8 KiB: recursive doubling
 //    (fewest steps). MPI's shared-memory advantage (rule 4) is a one-node one: simulated at 16
 //    and 64 ranks on fat trees (docs/scale.md), MPICH's algorithms took 3.4x and 8.6x zcoll's
