@@ -252,6 +252,26 @@ def test_compress_into_a_payload_refuses():
         t.compress(np.frombuffer(pt.wire, np.float32), out=pt)
 
 
+def test_payload_names_the_compressor_as_it_is_now(comm):
+    """A payload carries repr(compressor), which is kept between calls: setting an attribute that
+    repr shows renames the compressor, so older payloads are refused and stats name the new."""
+    t = zcoll.TopK(0.5, error_feedback=False)
+    p = t.compress(grad(64))
+    assert p.method == repr(t) and t.compress(grad(64), out=p) is p
+    t.error_feedback = True
+    assert "error_feedback=True" in repr(t)
+    with pytest.raises(ValueError, match="not a payload"):
+        t.compress(grad(64), key="k", out=p)
+    with pytest.raises(ValueError, match="not a payload"):
+        t.decompress(p)
+    q = t.compress(grad(64), key="k")
+    assert q.method == repr(t) and t.decompress(q).shape == (64,)
+    comm.allreduce(grad(64), compression=t, key="k")
+    assert t.last_stats.method == repr(t)
+    t.norm_sample = 16  # not in repr: payloads stay valid
+    assert t.compress(grad(64), key="k", out=q) is q
+
+
 # -- blockwise top-k ------------------------------------------------------------------------------
 def np_blockwise_topk(x, ratio, exact=False):
     """numpy reference: per segment, the k_j = round(ratio * len_j) (at least 1) largest |x|, ties

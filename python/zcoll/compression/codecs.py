@@ -34,6 +34,7 @@ this module keeps the per-key state (error-feedback residuals, per-call seeds) a
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -45,6 +46,13 @@ from .. import _C
 from ..core.communicator import new_like
 
 _MASK64 = (1 << 64) - 1
+# Attributes that never appear in a compressor's repr: setting them keeps the cached name.
+_UNNAMED = frozenset({"last_stats", "norm_sample", "_name", "_residuals", "_calls"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_crc(key: str | None) -> int:
+    return zlib.crc32((key or "").encode())
 
 
 @dataclass
@@ -153,14 +161,28 @@ class Compressor:
         a = np.array(values, dtype=np.float32, copy=True)
         self._residuals[key] = (tuple(a.shape), a.reshape(-1))
 
-    def _state(self, key: str | None, x: Any) -> tuple[np.ndarray | None, int, Callable[[], None]]:
-        """(residual or None, this call's seed, commit): commit() records the call (a new key's
-        residual, the call count behind the seeds) once the C++ call has succeeded."""
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name not in _UNNAMED:
+            self.__dict__.pop("_name", None)
+
+    def _method(self) -> str:
+        """repr(self), kept until an attribute it may show is set: payloads carry it, and after
+        a selection has emptied the caches formatting it costs microseconds per call."""
+        name = self.__dict__.get("_name")
+        if name is None:
+            name = self._name = repr(self)
+        return name
+
+    def _state(self, key: str | None, x: Any) -> tuple[np.ndarray | None, int, int, tuple | None]:
+        """(residual or None, this call's seed, calls so far, residual entry): _commit(key,
+        calls, entry) records the call (a new key's residual, the call count behind the seeds)
+        once the C++ call has succeeded."""
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a str naming the tensor, got {type(key).__name__}")
         calls = self._calls.get(key, 0)
         # splitmix64 chained over (seed, key, call): every rank computes it alike (C++: 1.6 us less)
-        seed = _C.call_seed(self.seed & _MASK64, zlib.crc32((key or "").encode()), calls & _MASK64)
+        seed = _C.call_seed(self.seed & _MASK64, _key_crc(key), calls & _MASK64)
         entry = None
         if self.error_feedback and key is not None:
             _, shape, count = _C.describe(x, "x")
@@ -172,13 +194,12 @@ class Compressor:
                     f"{self!r}: key {key!r} holds a residual for shape {entry[0]}, now called with shape "
                     f"{shape}; use one key per tensor, or call reset({key!r}) first"
                 )
+        return (entry[1] if entry is not None else None), seed, calls, entry
 
-        def commit() -> None:
-            self._calls[key] = calls + 1
-            if entry is not None:
-                self._residuals.setdefault(key, entry)
-
-        return (entry[1] if entry is not None else None), seed, commit
+    def _commit(self, key: str | None, calls: int, entry: tuple | None) -> None:
+        self._calls[key] = calls + 1
+        if entry is not None:
+            self._residuals.setdefault(key, entry)
 
     def _raise_nonfinite(self, key: str | None, what: str) -> None:
         if key is not None and key in self._residuals:
@@ -197,12 +218,12 @@ class Compressor:
                 f"{self!r} keeps an error-feedback residual per tensor: pass key=... naming the tensor "
                 "(e.g. the parameter or bucket name), or create the compressor with error_feedback=False"
             )
-        e, seed, commit = self._state(key, x)
+        e, seed, calls, entry = self._state(key, x)
         s = _C.allreduce_compressed(comm, x, out, op, algorithm, self._options, seed, e, self.norm_sample)
-        commit()
+        self._commit(key, calls, entry)
         measured, sampled = self.measure_error, self.norm_sample > 0
         self.last_stats = CompressionStats(
-            method=repr(self),
+            method=self._method(),
             key=key,
             count=s["count"],
             wire_bytes=s["wire_bytes"],
@@ -231,11 +252,13 @@ class Compressor:
         out: a payload this compressor made from a tensor of the same size and dtype, overwritten
         in place and returned (its arrays keep their memory: nothing is allocated). For the
         fixed-size payloads: quantizers, half precision, top-k (ValueError otherwise)."""
-        if out is not None and (not isinstance(out, Payload) or out.method != repr(self) or out.wire is None):
+        if out is not None and (
+            not isinstance(out, Payload) or out.method != self._method() or out.wire is None
+        ):
             raise ValueError(f"out: not a payload of {self!r}")
-        e, seed, commit = self._state(key, x)
+        e, seed, calls, entry = self._state(key, x)
         wire = _C.encode_payload(x, self._options, seed, e, None if out is None else out.wire)
-        commit()
+        self._commit(key, calls, entry)
         if wire.nonfinite:
             self._raise_nonfinite(key, f"{wire.nonfinite} non-finite block(s) or value(s) in the payload")
         if out is not None:
@@ -243,13 +266,13 @@ class Compressor:
             return out
         arrays = {name: np.frombuffer(wire, np.dtype(t), n, offset) for name, t, offset, n in wire.layout}
         return Payload(
-            repr(self), wire.shape, wire.dtype, wire.count, arrays, lambda s, _x=x: new_like(_x, s), wire
+            self._method(), wire.shape, wire.dtype, wire.count, arrays, lambda s, _x=x: new_like(_x, s), wire
         )
 
     def decompress(self, payload: Payload, out: Any = None) -> Any:
         """The tensor a payload stands for, as the kind and dtype compress() was given (into
         `out` when passed: same dtype and size)."""
-        if not isinstance(payload, Payload) or payload.method != repr(self) or payload.wire is None:
+        if not isinstance(payload, Payload) or payload.method != self._method() or payload.wire is None:
             raise ValueError(f"not a payload of {self!r}")
         if out is None:
             out = payload.like(payload.shape)
