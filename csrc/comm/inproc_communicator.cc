@@ -263,6 +263,7 @@ SharedArena* InProcTransport::arena() {
   arena_.peer_memory = group_.options().peer_memory ? this : nullptr;
   arena_.peer_writes = group_.options().peer_memory && group_.options().peer_writes;
   arena_.single_copy_bytes = group_.options().single_copy_bytes;
+  arena_.window_in_bytes = group_.options().window_in_bytes;
   arena_ready_ = true;
   return &arena_;
 }

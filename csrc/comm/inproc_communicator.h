@@ -90,6 +90,7 @@ struct InProcOptions {
   bool peer_memory = true;             // offer reads of other ranks' memory (the shm single copy)
   bool peer_writes = true;             // with peer_memory, offer writes too (else the single copy gathers by reads)
   std::size_t single_copy_bytes = 256 * 1024;  // shm calls from this size read peers directly
+  std::size_t window_in_bytes = 1024 * 1024;  // 2 ranks, below this: the peer's input via the window
 };
 
 class InProcGroup;

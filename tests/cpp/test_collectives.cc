@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -45,6 +46,15 @@ TEST(allreduce, shm) { allreduce_on_every_size(Algorithm::kShm); }
 TEST(allreduce, shm_single_copy) {
   zcoll::InProcOptions o = ztest::test_options();
   o.single_copy_bytes = 1;
+  o.window_in_bytes = 0;  // 2 ranks read the peer's input too
+  allreduce_on_every_size(Algorithm::kShm, o);
+}
+// The same where 2 ranks take the peer's input through the window (results still written into
+// the peer's `out`) wherever its half fits a staging buffer; other world sizes as above.
+TEST(allreduce, shm_single_copy_window_in) {
+  zcoll::InProcOptions o = ztest::test_options();
+  o.single_copy_bytes = 1;
+  o.window_in_bytes = SIZE_MAX;
   allreduce_on_every_size(Algorithm::kShm, o);
 }
 // The same where the transport reads but does not write other ranks' memory: results gathered.
@@ -59,16 +69,17 @@ TEST(allreduce, auto_with_shared_memory) { allreduce_on_every_size(Algorithm::kA
 TEST(allreduce, auto_without_shared_memory) { allreduce_on_every_size(Algorithm::kAuto, without_arena()); }
 
 // The single copy reduces in the staged path's order, so random floats (whose sum depends on the
-// order) give the same bits through all three (staged; single copy writing peers; single copy
-// gathering), in place and not, sum and avg.
+// order) give the same bits through all four (staged; single copy writing peers; single copy
+// gathering; 2 ranks: the input through the window), in place and not, sum and avg.
 TEST(allreduce, shm_single_copy_same_bits_as_staged) {
   for (int p = 2; p <= 5; ++p) {
-    std::vector<std::vector<float>> got[3];
-    for (int single = 0; single < 3; ++single) {
+    std::vector<std::vector<float>> got[4];
+    for (int single = 0; single < 4; ++single) {
       zcoll::InProcOptions o = ztest::test_options();
       o.peer_memory = single != 0;
-      o.peer_writes = single == 1;
+      o.peer_writes = single == 1 || single == 3;
       o.single_copy_bytes = 1;
+      o.window_in_bytes = single == 3 ? SIZE_MAX : 0;
       got[single].assign(static_cast<std::size_t>(p), {});
       ON_RANKS(p, o, [&](zcoll::Communicator& comm) {
         std::mt19937 gen(1000u + static_cast<unsigned>(comm.rank()));
@@ -87,7 +98,7 @@ TEST(allreduce, shm_single_copy_same_bits_as_staged) {
     ztest::Context ctx(ztest::str("p=", p));
     for (int r = 0; r < p; ++r) {
       const auto& a = got[0][static_cast<std::size_t>(r)];
-      for (int single = 1; single < 3; ++single) {
+      for (int single = 1; single < 4; ++single) {
         const auto& b = got[single][static_cast<std::size_t>(r)];
         CHECK(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
       }

@@ -9,7 +9,8 @@ Inputs are exact in every order (integers wrap; floating sums of small integers 
 two; products of powers of two; min/max of distinct values), so results are compared bit for
 bit with numpy's reduction; every rank must end with the same bits. Counts: the smallest prime
 at or above 256 KiB of the dtype (odd: not divisible by 2 or 4 ranks) and one of about 4 MiB
-(many pieces per rank's share), in place, into `out`, and into a new array; calls from 8 MiB,
+(many pieces per rank's share), in place, into `out`, and into a new array (on 2 ranks the first
+takes the peer's input through the shared window, the second reads it); calls from 8 MiB,
 whose results are written with non-temporal stores, also into an `out` that is not 16-byte
 aligned.
 """
@@ -37,6 +38,7 @@ comm = zcoll.Communicator()
 P, RANK = WORLD.size, WORLD.rank
 THRESHOLD = 256 * 1024  # the single copy's smallest call (SharedArena::single_copy_bytes)
 STREAM = 8 * 1024 * 1024  # from here the results are stored non-temporally (kStreamBytes)
+WINDOW_IN = 1024 * 1024  # 2 ranks, below this the peer's input comes through the window (window_in_bytes)
 CASES = [
     ("float32", "sum"),
     ("float32", "avg"),
@@ -137,9 +139,10 @@ def case_streamed_results(ck: Checks):
 
 
 def case_single_copy_ran(ck: Checks):
-    """The bytes moved between ranks' memories: (p-1) x my share read for the reduction; then
-    either the same written into the others' `out` (where the kernel allows process_vm_writev)
-    or the others' shares read for the gather; nothing through the staged path (below 256 KiB)."""
+    """The bytes moved between ranks' memories: (p-1) x my share read for the reduction (none on
+    2 ranks below WINDOW_IN, where the peer's input comes through the window); then either the
+    same written into the others' `out` (where the kernel allows process_vm_writev) or the others'
+    shares read for the gather; nothing through the staged path (below 256 KiB)."""
     count = counts("float32")[0]
     mine = count * (RANK + 1) // P - count * RANK // P
     for n in (1000, count):
@@ -149,8 +152,9 @@ def case_single_copy_ran(ck: Checks):
         got = [after[k] - before[k] for k in ("bytes_read_from_peers", "bytes_written_to_peers")]
         single = single_copy_expected() and P > 1 and n == count
         writes = single and got[1] > 0
+        window_in = writes and P == 2 and 4 * n < WINDOW_IN
         want = [
-            4 * ((P - 1) * mine + (0 if writes else count - mine)) if single else 0,
+            4 * ((0 if window_in else (P - 1) * mine) + (0 if writes else count - mine)) if single else 0,
             4 * (P - 1) * mine if writes else 0,
         ]
         ck.check(got == want, f"bytes read from / written to peers, count={n}", f"{got}, expected {want}")
@@ -159,10 +163,13 @@ def case_single_copy_ran(ck: Checks):
 
 
 def case_sizes_around_the_threshold(ck: Checks):
-    """Both sides of 256 KiB one after the other: the staged and single-copy calls share the
-    arena's flags and sequence."""
+    """Both sides of 256 KiB, then of WINDOW_IN, one after the other: the staged and single-copy
+    calls (2 ranks: with the input through the window, then without) share the arena's flags,
+    sequence and staging buffers."""
     for count in (THRESHOLD // 4 - 1, THRESHOLD // 4, 1000, THRESHOLD // 4 + 7, 3 * THRESHOLD // 4 + 1):
         check_call(ck, "float32", "avg", count, "out", "shm")
+    for count in (WINDOW_IN // 4 - 1, WINDOW_IN // 4, THRESHOLD // 4 + 1, WINDOW_IN // 4 + 3):
+        check_call(ck, "float32", "sum", count, "in-place", "shm")
 
 
 if __name__ == "__main__":
