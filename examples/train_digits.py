@@ -156,7 +156,7 @@ class Progress:
         self.epoch, self.row = resumed.data_position["epoch"], resumed.data_position["row"]
         extra = resumed.extra
         self.updates, self.backwards, self.losses = extra["updates"], extra["backwards"], extra["losses"]
-        self.started_ranks = extra["started_ranks"]
+        self.started_ranks = extra.get("started_ranks", self.started_ranks)  # older checkpoints: now
         per_rank = extra["per_rank"]
         if resumed.resized:  # another rank's share: start from the mean of the saved ones
             per_rank = [tuple(sum(col) / len(per_rank) for col in zip(*per_rank))] * world.size
