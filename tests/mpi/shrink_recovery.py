@@ -14,7 +14,7 @@ a test compares the digests of the shrunk job with those of a fresh job of the s
 Not on the result protocol of tests/harness.py (one rank never reaches its end). Each rank prints
 
     ZCOLL-PID rank=R pid=P
-    ZCOLL-VICTIM rank=R t=T                      the victim, just before SIGKILL
+    ZCOLL-VICTIM rank=R t=T step=S               the victim, just before SIGKILL in (or before) step S
     ZCOLL-RAISED rank=R type=NAME t=T step=S     a survivor's failed step
     ZCOLL-SHRUNK rank=R new_rank=Q size=N kept=0,2,.. lost=1,.. t=T shrink_s=S
     ZCOLL-RESUMED rank=R step=S t=T              the step every survivor goes on from
@@ -53,8 +53,9 @@ def parse() -> argparse.Namespace:
         "--mid-call",
         type=float,
         default=0.0,
-        metavar="SECONDS",
-        help="the victim dies this long after entering its step (inside the collective) instead of before it",
+        metavar="FRACTION",
+        help="the victim dies this fraction of its mean step time after entering its step (inside the "
+        "collective) instead of before it",
     )
     p.add_argument(
         "--fresh", action="store_true", help="no victim: only the digests, on a fresh communicator"
@@ -76,9 +77,12 @@ def digests(comm, rank0: int) -> None:
             say(f"ZCOLL-DIGEST rank={rank0} algorithm={algorithm} count={count} sha={sha}")
 
 
-def kill_me(rank: int, delay: float) -> None:
+def kill_me(rank: int, delay: float, progress: list) -> None:
+    """SIGKILL after `delay` seconds (from a timer thread), naming the step the main thread is in
+    then (progress[0]): a call can end sooner than its mean, so the step is read, not assumed."""
+
     def die() -> None:
-        say(f"ZCOLL-VICTIM rank={rank} t={time.time():.3f}")
+        say(f"ZCOLL-VICTIM rank={rank} t={time.time():.3f} step={progress[0]}")
         os.kill(os.getpid(), signal.SIGKILL)
 
     if delay > 0:
@@ -98,11 +102,15 @@ def train(args: argparse.Namespace) -> None:
     state = np.zeros(args.count, np.float32)
     kept_states = {0: state.copy()}  # the state after each completed step, kept in memory
     step, resumed = 0, args.steps
+    progress, took = [0], []  # the step the loop is in; each call's seconds
     while step < args.steps:
+        progress[0] = step
         if rank0 == victim and step == args.after:
-            kill_me(rank0, args.mid_call)
+            kill_me(rank0, args.mid_call * sum(took) / max(1, len(took)), progress)
         try:
+            start = time.perf_counter()
             total = comm.allreduce(x, algorithm=args.algorithm)
+            took.append(time.perf_counter() - start)
         except zcoll.TimeoutError as e:
             say(f"ZCOLL-RAISED rank={rank0} type={type(e).__name__} t={time.time():.3f} step={step}")
             comm = comm.shrink()
