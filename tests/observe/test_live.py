@@ -102,7 +102,9 @@ def test_ddp_on_the_zcoll_backend():
         server.close()
     steps = state.snapshot()["steps"]["0"]
     parts = [x for x in steps if x["source"] == "profiler"]
-    assert len(parts) >= 10, steps
+    # every profiled step published once, the ones after the last snapshot of the training by
+    # the end snapshot, which is built after the profiler has stopped
+    assert sorted(x["step"] for x in parts) == list(range(40)), steps
     assert all(
         x["compute"] > 0 and x["exposed_communication"] >= 0 and x["communication"] > 0 for x in parts
     ), parts

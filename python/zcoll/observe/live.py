@@ -335,6 +335,7 @@ class LiveMonitor:
         self._step_seen = (0.0, 0)  # what the last snapshot took of it (publisher thread)
         self._seconds_in_calls = 0.0
         self._trace_seen: dict[int, int] = {}
+        self._recorder: trace.Recorder | None = None  # the step profiler's, kept to its last step
         self._verdict: dict[str, Any] | None = None
         self._evidence: LinkStats | None = None  # the blended windows; links_dict of it when asked
         self._links: tuple[Any, dict[str, Any]] | None = None  # (evidence, its links_dict)
@@ -512,21 +513,27 @@ class LiveMonitor:
 
     # -- what is published ---------------------------------------------------------------------
     def _recorded_steps(self) -> list[dict[str, Any]]:
-        """Steps the step profiler recorded since the last call, as step_figures()."""
-        rec = trace.current()
-        out: list[dict[str, Any]] = []
+        """Steps the step profiler recorded since the last call, as step_figures(); once the
+        profiler has stopped, the steps of its recorder not yet published, the last one too (the
+        snapshots are built on the publisher's thread, which can run after the profiler ends)."""
+        active = trace.current()
+        if active is not None:
+            self._recorder = active
+        rec, out = self._recorder, []
         if rec is None:
             return out
+        running = 1 if rec is active else 0  # an active recorder's last step may be running
         for model in rec.models:
             steps, seen = model["steps"], self._trace_seen.get(model["id"], 0)
-            complete = [i for i in range(seen, len(steps) - 1)]  # the last one may be running
-            for i in complete:
+            for i in range(seen, len(steps) - running):
                 prev = steps[i - 1] if i > 0 else None
                 ends = [v[1] for v in prev["phases"].values() if v[1] is not None] if prev else []
                 fig = step_figures(steps[i], max(ends) if ends else None)
                 if fig is not None:
                     out.append(fig)
-            self._trace_seen[model["id"]] = max(seen, len(steps) - 1)
+            self._trace_seen[model["id"]] = max(seen, len(steps) - running)
+        if not running:
+            self._recorder = None  # published to its end
         return out
 
     def _light_steps(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
