@@ -21,9 +21,11 @@ zcoll.torch.init_process_group()
 R = dist.get_rank()
 URL = option("url", "http://127.0.0.1:9")
 STEPS = 40
+PROFILED = 25  # the steps under the first profiler; the second takes the rest
 
 
-def train(monitor: bool, profile: bool = False):
+def train(monitor: bool, profiled: tuple = ()):
+    """profiled: (first, end) ranges of steps, each under a step profiler of its own."""
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 4)),
                 bucket_cap_mb=0.01)  # fmt: skip
@@ -34,17 +36,20 @@ def train(monitor: bool, profile: bool = False):
     if mon is not None:
         mon.attach(opt)
     g = torch.Generator().manual_seed(R)
-    tmp = tempfile.mkdtemp()
-    prof = zcoll.torch.profile(model, tmp, optimizer=opt, calibrate=False, probe_bytes=0) if profile else None
-    if prof is not None:
-        prof.__enter__()
-    for _ in range(STEPS):
+    starts, ends = {first for first, _ in profiled}, {end for _, end in profiled}
+    prof = None
+    for step in range(STEPS):
+        if step in starts:
+            prof = zcoll.torch.profile(
+                model, tempfile.mkdtemp(), optimizer=opt, calibrate=False, probe_bytes=0
+            )
+            prof.__enter__()
         x, y = torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    if prof is not None:
-        prof.__exit__(None, None, None)
+        if step + 1 in ends:
+            prof.__exit__(None, None, None)
     if mon is not None:
         mon.close()
     return [p.detach().clone() for p in model.parameters()], mon
@@ -69,7 +74,8 @@ def case_results_unchanged(ck: Checks):
 
 
 def case_profiled_steps_have_parts(ck: Checks):
-    _, mon = train(True, profile=True)
+    """Two profilers, one after the other: the monitor publishes the steps of both."""
+    _, mon = train(True, profiled=((0, PROFILED), (PROFILED, STEPS)))
     ck.check(mon.steps == STEPS, "steps", str(mon.steps))
     if URL.endswith(":9"):
         ck.check(mon.publisher.sent == 0, "nothing sent to a missing monitor", str(mon.publisher.sent))

@@ -335,7 +335,7 @@ class LiveMonitor:
         self._step_seen = (0.0, 0)  # what the last snapshot took of it (publisher thread)
         self._seconds_in_calls = 0.0
         self._trace_seen: dict[int, int] = {}
-        self._recorder: trace.Recorder | None = None  # the step profiler's, kept to its last step
+        self._recorder: trace.Recorder | None = None  # the step profiler's, kept until published
         self._verdict: dict[str, Any] | None = None
         self._evidence: LinkStats | None = None  # the blended windows; links_dict of it when asked
         self._links: tuple[Any, dict[str, Any]] | None = None  # (evidence, its links_dict)
@@ -513,16 +513,20 @@ class LiveMonitor:
 
     # -- what is published ---------------------------------------------------------------------
     def _recorded_steps(self) -> list[dict[str, Any]]:
-        """Steps the step profiler recorded since the last call, as step_figures(); once the
-        profiler has stopped, the steps of its recorder not yet published, the last one too (the
-        snapshots are built on the publisher's thread, which can run after the profiler ends)."""
-        active = trace.current()
+        """Steps the step profiler recorded since the last call, as step_figures(). A recorder
+        that has stopped (the profiler ended, or another began) gives the rest of its steps, the
+        last one too: snapshots are built on the publisher's thread, which can run after it ends."""
+        active, out = trace.current(), []
+        if self._recorder is not None and self._recorder is not active:
+            out = self._new_steps(self._recorder, running=0)
+            self._recorder, self._trace_seen = None, {}
         if active is not None:
             self._recorder = active
-        rec, out = self._recorder, []
-        if rec is None:
-            return out
-        running = 1 if rec is active else 0  # an active recorder's last step may be running
+            out += self._new_steps(active, running=1)  # its last step may be running
+        return out
+
+    def _new_steps(self, rec: trace.Recorder, running: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for model in rec.models:
             steps, seen = model["steps"], self._trace_seen.get(model["id"], 0)
             for i in range(seen, len(steps) - running):
@@ -532,8 +536,6 @@ class LiveMonitor:
                 if fig is not None:
                     out.append(fig)
             self._trace_seen[model["id"]] = max(seen, len(steps) - running)
-        if not running:
-            self._recorder = None  # published to its end
         return out
 
     def _light_steps(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
