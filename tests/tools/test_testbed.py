@@ -77,7 +77,10 @@ def test_probe_finds_nodes_rates_and_the_slow_link(allowed, tmp_path):
     assert [h.link for h in bandwidth_hot] == ["node 1 -> node 0"], text
     assert not [h for h in r.hotspots if "(in node" in h.link], text  # no rank pair within a node link
     assert sorted(bandwidth_hot[0].pairs) == [(2, 0), (2, 1), (3, 0), (3, 1)]
-    assert [t.kind for t in r.tiers] == ["intra", "inter"], text
+    # one inter-node tier (the shaped links); shared-memory links may form one intra tier or two
+    # (CI measured 1.2 to 4.6 GB/s within a node once: a 2x gap is a tier by the probe's rule)
+    kinds = [t.kind for t in r.tiers]
+    assert kinds.count("inter") == 1 and kinds[-1] == "inter" and "intra" in kinds, text
     assert "node 1 -> node 0: " in text and "inter-node" in text
     # what the probe sent went through the shaped classes
     assert sent[(0, 1)] > 4 * (1 << 20) and sent[(1, 0)] > 4 * (1 << 20), sent
